@@ -1,0 +1,364 @@
+"""``TierManager``: the one ``OffloadingManager`` implementation for a block tier.
+
+Runs in the scheduler; pure Python. It owns everything about the blocks of one tier
+-- their states, load pins, slots, capacity, admission, events and stats -- and asks an
+``EvictionPolicy`` strategy only which blocks to evict. Each block moves through::
+
+              prepare_store            complete_store(ok)
+    absent ─────────────────► STORING ──────────────────► READY ◄──┐
+       ▲                         │ complete_store(fail)      │      │ complete_load
+       └─────────────────────────┘            prepare_load  ▼      │ (pins - 1)
+       ▲                                           READY, pins > 0 ─┘
+       └──────── evict (only READY with no pins) ────────┘
+
+Every transition is checked on every call (cheap dict look-ups); a call that would
+break the protocol raises ``ProtocolError`` before changing anything.
+
+Eviction is all or nothing, never takes a block among the store's own keys, and costs
+time proportional to the blocks evicted (see ``policies.recency``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+
+from kvtier.blocks import BlockHash, BlockId, Medium
+from kvtier.errors import ConfigError, ProtocolError
+from kvtier.scheduler.policies import EvictionPolicy, make_policy
+from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
+from kvtier.specs import SPEC_BY_MEDIUM, BlockIdsSpec
+
+
+class BlockState(enum.Enum):
+    """State of a resident block (absent blocks have no entry)."""
+
+    STORING = "storing"
+    READY = "ready"
+
+
+@dataclass(slots=True)
+class _Block:
+    slot: BlockId
+    state: BlockState
+    pins: int = 0
+
+
+class _Counters:
+    """Mutable twin of ``ManagerStats``; ``snapshot()`` freezes it."""
+
+    def __init__(self) -> None:
+        for f in fields(ManagerStats):
+            setattr(self, f.name, 0)
+
+    def snapshot(self) -> ManagerStats:
+        return ManagerStats(**{f.name: getattr(self, f.name) for f in fields(ManagerStats)})
+
+
+class TierManager:
+    """Block bookkeeping of one tier of ``num_blocks`` slots.
+
+    Args:
+        medium: the medium whose slots this manager hands out.
+        num_blocks: capacity, in offloaded blocks (> 0).
+        block_size: tokens per offloaded block (> 0); reported in events.
+        policy: the eviction strategy (built for ``num_blocks``).
+        enable_events: record stored/removed events for ``take_events``.
+        store_threshold: reuse-gated admission. ``0`` or ``1`` stores every block;
+            ``N >= 2`` stores a block only once ``lookup`` has been asked about it
+            ``N`` times (so blocks seen once never displace anything).
+    """
+
+    def __init__(
+        self,
+        *,
+        medium: Medium,
+        num_blocks: int,
+        block_size: int,
+        policy: EvictionPolicy,
+        enable_events: bool = False,
+        store_threshold: int = 0,
+    ) -> None:
+        _check_positive("num_blocks", num_blocks)
+        _check_positive("block_size", block_size)
+        if (
+            isinstance(store_threshold, bool)
+            or not isinstance(store_threshold, int)
+            or (store_threshold < 0)
+        ):
+            raise ConfigError(
+                "store_threshold", f"must be an integer >= 0, got {store_threshold!r}"
+            )
+        self.medium = medium
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.policy = policy
+        self.enable_events = enable_events
+        self.store_threshold = store_threshold
+        self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
+        self._blocks: dict[BlockHash, _Block] = {}
+        self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
+        self._events: list[OffloadingEvent] = []
+        self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
+        self._seen_cap = 4 * num_blocks
+        self._n = _Counters()
+
+    # -- queries -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Resident blocks (STORING or READY)."""
+        return len(self._blocks)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._blocks
+
+    def state(self, key: BlockHash) -> BlockState | None:
+        """The block's state, or ``None`` when it is not resident."""
+        blk = self._blocks.get(key)
+        return None if blk is None else blk.state
+
+    def pins(self, key: BlockHash) -> int:
+        """How many loads currently pin the block (0 when absent)."""
+        blk = self._blocks.get(key)
+        return 0 if blk is None else blk.pins
+
+    def slot(self, key: BlockHash) -> BlockId | None:
+        """The block's slot, or ``None`` when it is not resident."""
+        blk = self._blocks.get(key)
+        return None if blk is None else blk.slot
+
+    @property
+    def num_free(self) -> int:
+        """Slots not holding any block."""
+        return len(self._free)
+
+    def stats(self) -> ManagerStats:
+        """A frozen snapshot of the counters."""
+        return self._n.snapshot()
+
+    # -- the protocol --------------------------------------------------------------
+
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
+        """Length of the longest run of READY blocks from the first key."""
+        blocks = self._blocks
+        hit = 0
+        for key in block_hashes:
+            blk = blocks.get(key)
+            if blk is None or blk.state is not BlockState.READY:
+                break
+            hit += 1
+        n = self._n
+        n.lookups += 1
+        n.lookup_blocks += len(block_hashes)
+        n.hit_blocks += hit
+        if self.store_threshold > 1:
+            self._count_seen(block_hashes[hit:])
+        return hit
+
+    def prepare_load(self, block_hashes: Sequence[BlockHash]) -> BlockIdsSpec:
+        """Pin READY blocks and return their slots, in key order.
+
+        Raises:
+            ProtocolError: a key is absent or still being stored (nothing is pinned).
+        """
+        blocks = [self._blocks.get(key) for key in block_hashes]
+        for key, blk in zip(block_hashes, blocks):
+            if blk is None or blk.state is not BlockState.READY:
+                raise ProtocolError(
+                    f"prepare_load: block {key.hex()[:16]} is "
+                    f"{'absent' if blk is None else blk.state.value}, not ready"
+                )
+        for blk in blocks:
+            assert blk is not None
+            blk.pins += 1
+        self._n.loads += len(blocks)
+        return self._spec_type(tuple(blk.slot for blk in blocks if blk is not None))
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Mark resident blocks used; the first key ends up the most recent of all.
+
+        Touching a block that is still being stored is recency only (not a reuse).
+        Keys that are not resident are ignored.
+        """
+        blocks = self._blocks
+        touch = self.policy.touch
+        ready = BlockState.READY
+        for key in reversed(block_hashes):
+            blk = blocks.get(key)
+            if blk is not None:
+                touch(key, blk.state is ready)
+
+    def complete_load(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Unpin blocks pinned by ``prepare_load``.
+
+        Raises:
+            ProtocolError: a key is absent or not pinned (nothing is unpinned).
+        """
+        need: dict[BlockHash, int] = {}
+        for key in block_hashes:
+            need[key] = need.get(key, 0) + 1
+        for key, count in need.items():
+            blk = self._blocks.get(key)
+            if blk is None or blk.pins < count:
+                raise ProtocolError(
+                    f"complete_load: block {key.hex()[:16]} is not pinned by a load"
+                )
+        for key, count in need.items():
+            blk = self._blocks[key]
+            blk.pins -= count
+            if blk.pins == 0:
+                self.policy.release(key)
+
+    def prepare_store(self, block_hashes: Sequence[BlockHash]) -> PrepareStoreOutput | None:
+        """Choose the keys to store, evict to make room, and return their slots.
+
+        Resident keys are skipped; with ``store_threshold``, keys not yet looked up
+        often enough are skipped too. Room is made by evicting READY, unpinned blocks
+        that are not among ``block_hashes``. Returns ``None``, with nothing changed,
+        when that is not enough.
+        """
+        blocks = self._blocks
+        to_store: list[BlockHash] = []
+        seen_here: set[BlockHash] = set()
+        skipped = 0
+        for key in block_hashes:
+            if key in blocks or key in seen_here:
+                continue
+            seen_here.add(key)
+            if self.store_threshold > 1 and self._seen.get(key, 0) < self.store_threshold:
+                skipped += 1
+                continue
+            to_store.append(key)
+        self._n.stores_skipped += skipped
+        evicted: list[BlockHash] = []
+        need = len(to_store) - len(self._free)
+        if need > 0:
+            victims = None
+            if len(to_store) <= self.num_blocks:
+                protected = block_hashes if len(block_hashes) < 8 else set(block_hashes)
+                victims = self.policy.choose_victims(need, self._is_held, protected, to_store)
+            if victims is None:
+                self._n.stores_rejected += len(to_store)
+                return None
+            self._evict(victims)
+            evicted = victims
+        slots: list[BlockId] = []
+        add = self.policy.add
+        free = self._free
+        for key in to_store:
+            slot = free.pop()
+            blocks[key] = _Block(slot, BlockState.STORING)
+            add(key)
+            slots.append(slot)
+            self._seen.pop(key, None)
+        self._n.stores += len(to_store)
+        return PrepareStoreOutput(
+            block_hashes_to_store=tuple(to_store),
+            store_spec=self._spec_type(tuple(slots)),
+            block_hashes_evicted=tuple(evicted),
+        )
+
+    def complete_store(self, block_hashes: Sequence[BlockHash], success: bool = True) -> None:
+        """Make STORING blocks READY, or drop them when ``success`` is False.
+
+        Keys already READY are left as they are (a failed store never drops a block
+        that became ready).
+
+        Raises:
+            ProtocolError: a key is not resident (nothing is changed).
+        """
+        blocks = self._blocks
+        for key in block_hashes:
+            if key not in blocks:
+                raise ProtocolError(
+                    f"complete_store: block {key.hex()[:16]} was not prepared for storing"
+                )
+        changed: list[BlockHash] = []
+        for key in block_hashes:
+            blk = blocks.get(key)
+            if blk is None or blk.state is not BlockState.STORING:
+                continue  # READY already (or listed twice)
+            changed.append(key)
+            if success:
+                blk.state = BlockState.READY
+                if blk.pins == 0:
+                    self.policy.release(key)
+            else:
+                del blocks[key]
+                self._free.append(blk.slot)
+                self.policy.remove(key)
+        if success:
+            self._n.stored += len(changed)
+        else:
+            self._n.store_failures += len(changed)
+        if success and changed and self.enable_events:
+            self._events.append(
+                OffloadingEvent(tuple(changed), self.block_size, self.medium, removed=False)
+            )
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """Stored/removed events since the last call, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    # -- internals ------------------------------------------------------------------
+
+    def _is_held(self, key: BlockHash) -> bool:
+        blk = self._blocks[key]
+        return blk.pins > 0 or blk.state is not BlockState.READY
+
+    def _evict(self, victims: list[BlockHash]) -> None:
+        blocks = self._blocks
+        for key in victims:
+            blk = blocks.pop(key)
+            assert blk.state is BlockState.READY and blk.pins == 0, "policy chose a held block"
+            self._free.append(blk.slot)
+        self.policy.evict(victims)
+        self._n.evictions += len(victims)
+        if self.enable_events:
+            self._events.append(
+                OffloadingEvent(tuple(victims), self.block_size, self.medium, removed=True)
+            )
+
+    def _count_seen(self, keys: Sequence[BlockHash]) -> None:
+        seen = self._seen
+        for key in keys:
+            if key in self._blocks:
+                continue
+            seen[key] = seen.pop(key, 0) + 1
+        while len(seen) > self._seen_cap:
+            seen.popitem(last=False)
+
+
+class CPUOffloadingManager(TierManager):
+    """The CPU tier's manager: slots of the pinned host slab.
+
+    Example::
+
+        m = CPUOffloadingManager(num_blocks=1024, block_size=16, eviction_policy="arc")
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        eviction_policy: str = "lru",
+        enable_events: bool = False,
+        store_threshold: int = 0,
+    ) -> None:
+        _check_positive("num_blocks", num_blocks)
+        super().__init__(
+            medium=Medium.CPU,
+            num_blocks=num_blocks,
+            block_size=block_size,
+            policy=make_policy(eviction_policy, num_blocks),
+            enable_events=enable_events,
+            store_threshold=store_threshold,
+        )
+
+
+def _check_positive(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(key, f"must be a positive integer, got {value!r}")

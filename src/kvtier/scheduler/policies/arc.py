@@ -1,0 +1,130 @@
+"""Adaptive Replacement Cache (Megiddo & Modha, FAST'03), adapted to offloading.
+
+Four lists over a cache of ``c`` blocks:
+
+* ``T1``: resident blocks used once (recency); ``T2``: resident blocks used again.
+* ``B1``, ``B2``: ghosts -- keys recently evicted from T1 and T2 (no data).
+* ``p``: the target size of T1. A new block whose key is a ghost of B1 says "T1 was
+  too small" and grows ``p``; a ghost of B2 shrinks it.
+
+Eviction takes the coldest evictable block of T1 when ``|T1| > p``, else of T2, and
+falls back to the other list when the preferred one has nothing evictable (everything
+pinned or being stored). Ghost lists are bounded as in the paper:
+``|T1| + |B1| <= c`` and ``|T1| + |T2| + |B1| + |B2| <= 2c``.
+
+Offloading differences: blocks enter when they are *stored* (``add``), and a second
+use is a ``touch`` of a READY block. Touching a block still being stored is recency
+only -- it stays in T1. Keys that are not resident are ignored by ``touch``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.recency import RecencyList
+
+
+class ARCPolicy(EvictionPolicy):
+    """ARC with both ghost lists and an adaptive T1 target."""
+
+    name = "arc"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._t1: RecencyList[BlockHash] = RecencyList()
+        self._t2: RecencyList[BlockHash] = RecencyList()
+        self._b1: OrderedDict[BlockHash, None] = OrderedDict()
+        self._b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self.p = 0
+
+    def __len__(self) -> int:
+        return len(self._t1) + len(self._t2)
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """``(|T1|, |T2|, |B1|, |B2|)``, for tests and diagnostics."""
+        return len(self._t1), len(self._t2), len(self._b1), len(self._b2)
+
+    def _adapted(self, p: int, key: BlockHash) -> int:
+        if key in self._b1:
+            return min(self.capacity, p + max(1, len(self._b2) // len(self._b1)))
+        if key in self._b2:
+            return max(0, p - max(1, len(self._b1) // len(self._b2)))
+        return p
+
+    def add(self, key: BlockHash) -> None:
+        self.p = self._adapted(self.p, key)
+        was_ghost = key in self._b1 or key in self._b2
+        self._b1.pop(key, None)
+        self._b2.pop(key, None)
+        # A ghost that comes back has been used before: it goes straight to T2.
+        (self._t2 if was_ghost else self._t1).add(key)
+        self._trim_ghosts()
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self._t1:
+            if reused:
+                self._t1.remove(key)
+                self._t2.add(key)
+            else:
+                self._t1.touch(key)
+        elif key in self._t2:
+            self._t2.touch(key)
+
+    def remove(self, key: BlockHash) -> None:
+        (self._t1 if key in self._t1 else self._t2).remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        (self._t1 if key in self._t1 else self._t2).release(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        p = self.p
+        for key in incoming:
+            p = self._adapted(p, key)
+        from_t1 = self._t1.evictable(is_held, protected)
+        from_t2 = self._t2.evictable(is_held, protected)
+        n1 = len(self._t1)
+        victims: list[BlockHash] = []
+        try:
+            while len(victims) < n:
+                prefer_t1 = n1 > 0 and n1 > p
+                first, second = (from_t1, from_t2) if prefer_t1 else (from_t2, from_t1)
+                key = next(first, None)
+                if key is None:
+                    key = next(second, None)
+                    first = second
+                if key is None:
+                    return None
+                if first is from_t1:
+                    n1 -= 1
+                victims.append(key)
+        finally:
+            from_t1.close()
+            from_t2.close()
+        return victims
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            if key in self._t1:
+                self._t1.remove(key)
+                self._b1[key] = None
+            else:
+                self._t2.remove(key)
+                self._b2[key] = None
+        self._trim_ghosts()
+
+    def _trim_ghosts(self) -> None:
+        c = self.capacity
+        while self._b1 and len(self._t1) + len(self._b1) > c:
+            self._b1.popitem(last=False)
+        while len(self) + len(self._b1) + len(self._b2) > 2 * c:
+            (self._b2 if self._b2 else self._b1).popitem(last=False)

@@ -1,0 +1,75 @@
+"""``EvictionPolicy``: the strategy a ``TierManager`` asks which blocks to evict.
+
+Runs in the scheduler; pure Python. The manager owns everything else — block states,
+pins, slots, capacity, events — and tells the policy only what it needs:
+
+* ``add(key)``: a new block entered the tier (it is being stored).
+* ``touch(key, reused)``: a block was used. ``reused`` is False for a block still being
+  stored (recency only: that is not a second use).
+* ``remove(key)``: a block left without being evicted (its store failed).
+* ``release(key)``: a block that was held (storing or pinned) is evictable again.
+* ``choose_victims(n, is_held, protected, incoming)``: pick ``n`` evictable blocks, or
+  ``None`` if there are not enough. Nothing observable changes; the manager then
+  calls ``evict(victims)`` to commit, so eviction is all or nothing.
+
+Adding a policy is one file: subclass, implement these, and register it in
+``kvtier.scheduler.policies.POLICIES``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Sequence
+
+from kvtier.blocks import BlockHash
+
+IsHeld = Callable[[BlockHash], bool]
+
+
+class EvictionPolicy(ABC):
+    """Decides eviction order for one tier of ``capacity`` blocks."""
+
+    name: str = ""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    @abstractmethod
+    def add(self, key: BlockHash) -> None:
+        """A new block entered the tier (state STORING)."""
+
+    @abstractmethod
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        """A resident block was used; ``reused`` is False for a block being stored."""
+
+    @abstractmethod
+    def remove(self, key: BlockHash) -> None:
+        """A resident block left the tier without eviction (failed store)."""
+
+    @abstractmethod
+    def release(self, key: BlockHash) -> None:
+        """A resident block that was held is evictable again."""
+
+    @abstractmethod
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        """Pick ``n`` distinct evictable blocks, or return ``None`` if there are fewer.
+
+        Args:
+            n: how many blocks to free (> 0).
+            is_held: True for a resident block that must not be evicted now.
+            protected: keys that must not be evicted by this call (the store's own).
+            incoming: the keys about to be added (a policy may adapt to them).
+        """
+
+    @abstractmethod
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        """Commit the eviction of blocks returned by ``choose_victims``."""
+
+    def __len__(self) -> int:  # pragma: no cover - each policy overrides
+        raise NotImplementedError

@@ -1,0 +1,53 @@
+"""Least recently used: evict the block whose last use is oldest."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from itertools import islice
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.recency import RecencyList
+
+
+class LRUPolicy(EvictionPolicy):
+    """One recency list; every touch, reuse or not, makes a block the most recent."""
+
+    name = "lru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._list: RecencyList[BlockHash] = RecencyList()
+
+    def __len__(self) -> int:
+        return len(self._list)
+
+    def add(self, key: BlockHash) -> None:
+        self._list.add(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        self._list.touch(key)
+
+    def remove(self, key: BlockHash) -> None:
+        self._list.remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        self._list.release(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        candidates = self._list.evictable(is_held, protected)
+        try:
+            victims = list(islice(candidates, n))
+        finally:
+            candidates.close()
+        return victims if len(victims) == n else None
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            self._list.remove(key)

@@ -1,0 +1,120 @@
+"""``RecencyList``: blocks from least to most recently used, with held blocks parked.
+
+Runs in the scheduler; pure Python. The building block of every policy here.
+
+The manager never shows pins to a policy; it only answers "is this block held?"
+(STORING, or pinned by a load) while the policy looks for victims. A held block met at
+the cold end of the list is *parked*: taken out of the list, so that no later search
+walks past it again. That is what makes eviction cost proportional to the blocks
+evicted, not to the blocks pinned.
+
+Parking keeps the order exact. When a block is parked it is the coldest block of the
+list, so it is colder than every block the list holds afterwards (those were warmer
+then, or were touched or added since). Parked blocks that become evictable again wait
+in a heap keyed by their parking sequence and are offered before the list::
+
+    coldest ─► [released parked blocks, by parking order] ─► [the list, LRU → MRU] ─► hottest
+
+A touch of a parked block simply moves it back to the hot end of the list.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Generator, Hashable, Iterator
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class RecencyList(Generic[K]):
+    """An LRU order over keys where held keys are parked instead of skipped."""
+
+    __slots__ = ("_order", "_parked", "_released", "_seq")
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[K, None] = OrderedDict()
+        self._parked: dict[K, int] = {}  # key -> parking sequence number
+        self._released: list[tuple[int, K]] = []  # heap of parked keys offered first
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._order) + len(self._parked)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._order or key in self._parked
+
+    def add(self, key: K) -> None:
+        """Add a new key as the most recent. The key must not be in the list."""
+        self._order[key] = None
+
+    def touch(self, key: K) -> None:
+        """Make a key that is in the list the most recent."""
+        if key in self._order:
+            self._order.move_to_end(key)
+        else:
+            del self._parked[key]  # a stale heap entry, if any, is dropped lazily
+            self._order[key] = None
+
+    def remove(self, key: K) -> None:
+        """Remove a key that is in the list."""
+        if key in self._order:
+            del self._order[key]
+        else:
+            del self._parked[key]
+
+    def release(self, key: K) -> None:
+        """Tell the list that ``key`` is evictable again (after being held)."""
+        seq = self._parked.get(key)
+        if seq is not None:
+            heapq.heappush(self._released, (seq, key))
+
+    def evictable(
+        self, is_held: Callable[[K], bool], protected: Collection[K]
+    ) -> Generator[K, None, None]:
+        """Yield evictable keys, coldest first, without removing them.
+
+        Held keys met on the way are parked when the iteration ends (also when the
+        caller stops early or fails to find enough). Keys in ``protected`` are
+        skipped and stay where they are. The caller removes the keys it evicts.
+        """
+        to_park: list[K] = []
+        try:
+            yield from self._released_evictable(is_held, protected)
+            for key in self._order:
+                if key in protected:
+                    continue
+                if is_held(key):
+                    to_park.append(key)
+                else:
+                    yield key
+        finally:
+            for key in to_park:
+                if key in self._order and is_held(key):
+                    del self._order[key]
+                    self._parked[key] = self._seq
+                    self._seq += 1
+
+    def _released_evictable(
+        self, is_held: Callable[[K], bool], protected: Collection[K]
+    ) -> Iterator[K]:
+        """Yield released parked keys in parking order; drop stale heap entries."""
+        if not self._released:
+            return
+        keep: list[tuple[int, K]] = []
+        seen: set[K] = set()
+        heap = self._released
+        try:
+            while heap:
+                seq, key = heapq.heappop(heap)
+                if self._parked.get(key) != seq or is_held(key) or key in seen:
+                    continue  # touched, removed, held again, or released twice
+                seen.add(key)
+                keep.append((seq, key))
+                if key not in protected:
+                    yield key
+        finally:
+            for entry in keep:
+                if self._parked.get(entry[1]) == entry[0]:
+                    heapq.heappush(heap, entry)
