@@ -20,7 +20,12 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
 }
 
 
-def _add_command(sub: argparse._SubParsersAction, name: str, module: str, help_: str) -> None:
+def _add_command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    module: str,
+    help_: str,
+) -> None:
     parser = sub.add_parser(name, help=help_, description=help_)
     mod = importlib.import_module(module)
     mod.add_arguments(parser)

@@ -46,17 +46,6 @@ class _Block:
     pins: int = 0
 
 
-class _Counters:
-    """Mutable twin of ``ManagerStats``; ``snapshot()`` freezes it."""
-
-    def __init__(self) -> None:
-        for f in fields(ManagerStats):
-            setattr(self, f.name, 0)
-
-    def snapshot(self) -> ManagerStats:
-        return ManagerStats(**{f.name: getattr(self, f.name) for f in fields(ManagerStats)})
-
-
 class TierManager:
     """Block bookkeeping of one tier of ``num_blocks`` slots.
 
@@ -103,7 +92,7 @@ class TierManager:
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
         self._seen_cap = 4 * num_blocks
-        self._n = _Counters()
+        self._n: dict[str, int] = {f.name: 0 for f in fields(ManagerStats)}
 
     # -- queries -------------------------------------------------------------------
 
@@ -136,7 +125,7 @@ class TierManager:
 
     def stats(self) -> ManagerStats:
         """A frozen snapshot of the counters."""
-        return self._n.snapshot()
+        return ManagerStats(**self._n)
 
     # -- the protocol --------------------------------------------------------------
 
@@ -150,9 +139,9 @@ class TierManager:
                 break
             hit += 1
         n = self._n
-        n.lookups += 1
-        n.lookup_blocks += len(block_hashes)
-        n.hit_blocks += hit
+        n["lookups"] += 1
+        n["lookup_blocks"] += len(block_hashes)
+        n["hit_blocks"] += hit
         if self.store_threshold > 1:
             self._count_seen(block_hashes[hit:])
         return hit
@@ -164,7 +153,7 @@ class TierManager:
             ProtocolError: a key is absent or still being stored (nothing is pinned).
         """
         blocks = [self._blocks.get(key) for key in block_hashes]
-        for key, blk in zip(block_hashes, blocks):
+        for key, blk in zip(block_hashes, blocks, strict=True):
             if blk is None or blk.state is not BlockState.READY:
                 raise ProtocolError(
                     f"prepare_load: block {key.hex()[:16]} is "
@@ -173,7 +162,7 @@ class TierManager:
         for blk in blocks:
             assert blk is not None
             blk.pins += 1
-        self._n.loads += len(blocks)
+        self._n["loads"] += len(blocks)
         return self._spec_type(tuple(blk.slot for blk in blocks if blk is not None))
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
@@ -231,7 +220,7 @@ class TierManager:
                 skipped += 1
                 continue
             to_store.append(key)
-        self._n.stores_skipped += skipped
+        self._n["stores_skipped"] += skipped
         evicted: list[BlockHash] = []
         need = len(to_store) - len(self._free)
         if need > 0:
@@ -240,7 +229,7 @@ class TierManager:
                 protected = block_hashes if len(block_hashes) < 8 else set(block_hashes)
                 victims = self.policy.choose_victims(need, self._is_held, protected, to_store)
             if victims is None:
-                self._n.stores_rejected += len(to_store)
+                self._n["stores_rejected"] += len(to_store)
                 return None
             self._evict(victims)
             evicted = victims
@@ -253,7 +242,7 @@ class TierManager:
             add(key)
             slots.append(slot)
             self._seen.pop(key, None)
-        self._n.stores += len(to_store)
+        self._n["stores"] += len(to_store)
         return PrepareStoreOutput(
             block_hashes_to_store=tuple(to_store),
             store_spec=self._spec_type(tuple(slots)),
@@ -290,9 +279,9 @@ class TierManager:
                 self._free.append(blk.slot)
                 self.policy.remove(key)
         if success:
-            self._n.stored += len(changed)
+            self._n["stored"] += len(changed)
         else:
-            self._n.store_failures += len(changed)
+            self._n["store_failures"] += len(changed)
         if success and changed and self.enable_events:
             self._events.append(
                 OffloadingEvent(tuple(changed), self.block_size, self.medium, removed=False)
@@ -316,7 +305,7 @@ class TierManager:
             assert blk.state is BlockState.READY and blk.pins == 0, "policy chose a held block"
             self._free.append(blk.slot)
         self.policy.evict(victims)
-        self._n.evictions += len(victims)
+        self._n["evictions"] += len(victims)
         if self.enable_events:
             self._events.append(
                 OffloadingEvent(tuple(victims), self.block_size, self.medium, removed=True)

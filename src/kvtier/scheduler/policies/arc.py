@@ -88,8 +88,8 @@ class ARCPolicy(EvictionPolicy):
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
         p = self.p
-        for key in incoming:
-            p = self._adapted(p, key)
+        for new in incoming:
+            p = self._adapted(p, new)
         from_t1 = self._t1.evictable(is_held, protected)
         from_t2 = self._t2.evictable(is_held, protected)
         n1 = len(self._t1)
@@ -98,15 +98,15 @@ class ARCPolicy(EvictionPolicy):
             while len(victims) < n:
                 prefer_t1 = n1 > 0 and n1 > p
                 first, second = (from_t1, from_t2) if prefer_t1 else (from_t2, from_t1)
-                key = next(first, None)
-                if key is None:
-                    key = next(second, None)
+                victim = next(first, None)
+                if victim is None:  # nothing evictable there: fall back to the other list
+                    victim = next(second, None)
                     first = second
-                if key is None:
+                if victim is None:
                     return None
                 if first is from_t1:
                     n1 -= 1
-                victims.append(key)
+                victims.append(victim)
         finally:
             from_t1.close()
             from_t2.close()
