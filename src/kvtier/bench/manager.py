@@ -19,13 +19,14 @@ import itertools
 from typing import Any
 
 from kvtier.bench.report import median_time, write_result
+from kvtier.blocks import BlockHash
 from kvtier.scheduler import POLICIES, CPUOffloadingManager
 
 OPS = ("lookup", "touch", "load", "store_evict")
 
 
-def _key(i: int) -> bytes:
-    return i.to_bytes(8, "little")
+def _key(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(8, "little"))
 
 
 def measure(
