@@ -7,10 +7,11 @@ A transfer is ``(src_spec, dst_spec)``; the worker routes it by the pair of medi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvtier.blocks import BlockId, Medium
+from kvtier.blocks import BlockHash, BlockId, Medium
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,13 @@ class BlockIdsSpec(LoadStoreSpec):
 
     def __len__(self) -> int:
         return len(self.block_ids)
+
+    @classmethod
+    def for_blocks(
+        cls, block_hashes: Sequence[BlockHash], block_ids: Sequence[BlockId]
+    ) -> BlockIdsSpec:
+        """The spec a manager hands out for these keys in these slots."""
+        return cls(tuple(block_ids))
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,15 +66,32 @@ class GPULoadStoreSpec(BlockIdsSpec):
 
 
 @dataclass(frozen=True, slots=True)
-class DiskLoadStoreSpec(BlockIdsSpec):
-    """Blocks of a disk tier, by slot id of that tier's index."""
+class KeyedBlocksSpec(BlockIdsSpec):
+    """Blocks of a persistent tier, named by their keys (and slots of its index).
+
+    A persistent store names what it holds by block key, so that another process, or
+    the same one after a restart, finds it again; the slot ids only account capacity.
+    """
+
+    block_hashes: tuple[BlockHash, ...] = ()
+
+    @classmethod
+    def for_blocks(
+        cls, block_hashes: Sequence[BlockHash], block_ids: Sequence[BlockId]
+    ) -> BlockIdsSpec:
+        return cls(tuple(block_ids), tuple(block_hashes))
+
+
+@dataclass(frozen=True, slots=True)
+class DiskLoadStoreSpec(KeyedBlocksSpec):
+    """Blocks of a disk tier: one file per block key."""
 
     medium: ClassVar[Medium] = Medium.DISK
 
 
 @dataclass(frozen=True, slots=True)
-class RemoteLoadStoreSpec(BlockIdsSpec):
-    """Blocks of a remote tier, by slot id of that tier's index."""
+class RemoteLoadStoreSpec(KeyedBlocksSpec):
+    """Blocks of a remote tier: one value per block key."""
 
     medium: ClassVar[Medium] = Medium.REMOTE
 

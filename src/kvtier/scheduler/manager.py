@@ -163,7 +163,7 @@ class TierManager:
             assert blk is not None
             blk.pins += 1
         self._n["loads"] += len(blocks)
-        return self._spec_type(tuple(blk.slot for blk in blocks if blk is not None))
+        return self._spec_type.for_blocks(block_hashes, [blk.slot for blk in blocks if blk])
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         """Mark resident blocks used; the first key ends up the most recent of all.
@@ -240,7 +240,7 @@ class TierManager:
         self._n["stores"] += len(to_store)
         return PrepareStoreOutput(
             block_hashes_to_store=tuple(to_store),
-            store_spec=self._spec_type(tuple(slots)),
+            store_spec=self._spec_type.for_blocks(to_store, slots),
             block_hashes_evicted=tuple(evicted),
         )
 
