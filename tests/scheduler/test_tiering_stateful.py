@@ -25,7 +25,7 @@ key_lists = st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=4, unique=T
 class TieringMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.cpu_cap, self.disk_cap = 3, 5
+        self.cpu_cap, self.disk_cap = 4, 6
         primary = CPUOffloadingManager(num_blocks=self.cpu_cap, block_size=4)
         disk = TierManager(
             medium=Medium.DISK,
@@ -100,6 +100,8 @@ class TieringMachine(RuleBasedStateMachine):
         self.t.complete_promotion(job, success=ok)
         if ok:
             self.ever_ready_in_cpu.update(job.block_hashes)
+            for key, slot in zip(job.block_hashes, job.dst.block_ids, strict=True):
+                assert self.t.primary.slot(key) == slot, "promoted into the wrong CPU slot"
 
     @rule(ks=key_lists)
     def load_to_gpu(self, ks: list[bytes]) -> None:
