@@ -76,6 +76,8 @@ def test_promotion_makes_disk_blocks_ready_in_cpu() -> None:
     assert t.lookup(keys(1)) == 1, "still servable from disk while promoting"
     t.complete_promotion(job, success=True)
     assert t.primary.lookup(keys(1, 2)) == 2
+    assert isinstance(job.dst, CPULoadStoreSpec)
+    assert list(job.dst.block_ids) == [t.primary.slot(k) for k in keys(1, 2)]
     assert t.secondaries[0].pins(keys(1)[0]) == 0
     spec = t.prepare_load(keys(1, 2))
     assert len(spec.block_ids) == 2  # type: ignore[attr-defined]

@@ -78,8 +78,23 @@ class TieringMachine(RuleBasedStateMachine):
                 self.disk_bytes[key] = key
         self.t.complete_write(job, success=ok)
 
+    def on_disk_only(self) -> list[bytes]:
+        disk = self.t.secondaries[0]
+        return [
+            k for k in UNIVERSE if disk.state(k) is BlockState.READY and k not in self.t.primary
+        ]
+
     @rule(ks=key_lists)
-    def promote(self, ks: list[bytes]) -> None:
+    def promote_any(self, ks: list[bytes]) -> None:
+        """Keys in no tier, or being stored, make the whole promotion refuse."""
+        if not all(self.t.holder(k) for k in ks):
+            assert self.t.prepare_promotion(ks) is None
+
+    @precondition(lambda self: self.on_disk_only())
+    @rule(data=st.data())
+    def promote(self, data: st.DataObject) -> None:
+        candidates = self.on_disk_only()
+        ks = data.draw(st.lists(st.sampled_from(candidates), min_size=1, unique=True))
         jobs = self.t.prepare_promotion(ks)
         if jobs is None:
             return
