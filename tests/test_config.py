@@ -40,6 +40,7 @@ def test_config_is_frozen() -> None:
         ({"cpu_bytes_to_use": 1, "hash_algorithm": "md5"}, "hash_algorithm", "sha256"),
         ({"cpu_bytes_to_use": 1, "cpu_byte_to_use": 1}, "cpu_byte_to_use", "did you mean"),
         ({"cpu_bytes_to_use": 1, "colour": 1}, "colour", "known keys"),
+        ({"cpu_bytes_to_use": 1, "store_policy": "lazy"}, "store_policy", "eager, on_evict"),
     ],
 )
 def test_bad_values_name_the_key_and_what_to_change(

@@ -16,6 +16,9 @@ Keys (see ``docs/configuration.md``):
 ``store_threshold``       store a block only after N lookups (0 = store all)
 ``enable_events``         record stored/removed events (default true)
 ``hash_algorithm``        block key digest: ``"sha256"`` (default) or ``"blake2b"``
+``store_policy``          when blocks are stored: ``"eager"`` (each block once it is
+                          full, default), ``"on_evict"`` (when the GPU prefix cache
+                          evicts it), ``"reuse"`` (only blocks seen before)
 ========================  =========================================================
 """
 
@@ -43,6 +46,7 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
+STORE_POLICIES = ("eager", "on_evict", "reuse")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -100,6 +104,7 @@ class OffloadingConfig:
     store_threshold: int = 0
     enable_events: bool = True
     hash_algorithm: str = "sha256"
+    store_policy: str = "eager"
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadingConfig:
@@ -133,6 +138,7 @@ class OffloadingConfig:
             store_threshold=_non_negative_int("store_threshold", get("store_threshold")),
             enable_events=_bool("enable_events", get("enable_events")),
             hash_algorithm=_choice("hash_algorithm", get("hash_algorithm"), list(HASH_ALGORITHMS)),
+            store_policy=_choice("store_policy", get("store_policy"), list(STORE_POLICIES)),
         )
 
     def num_cpu_blocks(self, bytes_per_block: int) -> int:
