@@ -39,7 +39,7 @@ class BlockState(enum.Enum):
     READY = "ready"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Block:
     slot: BlockId
     state: BlockState
@@ -209,18 +209,11 @@ class TierManager:
         when that is not enough.
         """
         blocks = self._blocks
-        to_store: list[BlockHash] = []
-        seen_here: set[BlockHash] = set()
-        skipped = 0
-        for key in block_hashes:
-            if key in blocks or key in seen_here:
-                continue
-            seen_here.add(key)
-            if self.store_threshold > 1 and self._seen.get(key, 0) < self.store_threshold:
-                skipped += 1
-                continue
-            to_store.append(key)
-        self._n["stores_skipped"] += skipped
+        to_store = [key for key in dict.fromkeys(block_hashes) if key not in blocks]
+        if self.store_threshold > 1:
+            admitted = [k for k in to_store if self._seen.get(k, 0) >= self.store_threshold]
+            self._n["stores_skipped"] += len(to_store) - len(admitted)
+            to_store = admitted
         evicted: list[BlockHash] = []
         need = len(to_store) - len(self._free)
         if need > 0:
@@ -233,15 +226,17 @@ class TierManager:
                 return None
             self._evict(victims)
             evicted = victims
-        slots: list[BlockId] = []
-        add = self.policy.add
         free = self._free
-        for key in to_store:
-            slot = free.pop()
-            blocks[key] = _Block(slot, BlockState.STORING)
+        slots = free[len(free) - len(to_store) :]
+        del free[len(free) - len(to_store) :]
+        storing = BlockState.STORING
+        add = self.policy.add
+        for key, slot in zip(to_store, slots, strict=True):
+            blocks[key] = _Block(slot, storing)
             add(key)
-            slots.append(slot)
-            self._seen.pop(key, None)
+        if self.store_threshold > 1:
+            for key in to_store:
+                self._seen.pop(key, None)
         self._n["stores"] += len(to_store)
         return PrepareStoreOutput(
             block_hashes_to_store=tuple(to_store),
@@ -258,24 +253,24 @@ class TierManager:
         Raises:
             ProtocolError: a key is not resident (nothing is changed).
         """
-        blocks = self._blocks
-        for key in block_hashes:
-            if key not in blocks:
+        found = [self._blocks.get(key) for key in block_hashes]
+        for key, blk in zip(block_hashes, found, strict=True):
+            if blk is None:
                 raise ProtocolError(
                     f"complete_store: block {key.hex()[:16]} was not prepared for storing"
                 )
         changed: list[BlockHash] = []
-        for key in block_hashes:
-            blk = blocks.get(key)
-            if blk is None or blk.state is not BlockState.STORING:
+        storing, ready = BlockState.STORING, BlockState.READY
+        for key, blk in zip(block_hashes, found, strict=True):
+            if blk is None or blk.state is not storing:
                 continue  # READY already (or listed twice)
             changed.append(key)
             if success:
-                blk.state = BlockState.READY
+                blk.state = ready
                 if blk.pins == 0:
                     self.policy.release(key)
             else:
-                del blocks[key]
+                del self._blocks[key]
                 self._free.append(blk.slot)
                 self.policy.remove(key)
         if success:

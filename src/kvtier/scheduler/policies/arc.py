@@ -56,12 +56,14 @@ class ARCPolicy(EvictionPolicy):
         return p
 
     def add(self, key: BlockHash) -> None:
-        self.p = self._adapted(self.p, key)
-        was_ghost = key in self._b1 or key in self._b2
-        self._b1.pop(key, None)
-        self._b2.pop(key, None)
-        # A ghost that comes back has been used before: it goes straight to T2.
-        (self._t2 if was_ghost else self._t1).add(key)
+        if key in self._b1 or key in self._b2:
+            # A ghost that comes back has been used before: it goes straight to T2.
+            self.p = self._adapted(self.p, key)
+            self._b1.pop(key, None)
+            self._b2.pop(key, None)
+            self._t2.add(key)
+        else:
+            self._t1.add(key)
         self._trim_ghosts()
 
     def touch(self, key: BlockHash, reused: bool) -> None:
@@ -123,8 +125,9 @@ class ARCPolicy(EvictionPolicy):
         self._trim_ghosts()
 
     def _trim_ghosts(self) -> None:
-        c = self.capacity
-        while self._b1 and len(self._t1) + len(self._b1) > c:
-            self._b1.popitem(last=False)
-        while len(self) + len(self._b1) + len(self._b2) > 2 * c:
-            (self._b2 if self._b2 else self._b1).popitem(last=False)
+        c, b1, b2 = self.capacity, self._b1, self._b2
+        t1 = len(self._t1)
+        for _ in range(min(len(b1), t1 + len(b1) - c)):
+            b1.popitem(last=False)
+        for _ in range(t1 + len(self._t2) + len(b1) + len(b2) - 2 * c):
+            (b2 if b2 else b1).popitem(last=False)

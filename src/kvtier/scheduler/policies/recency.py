@@ -3,13 +3,14 @@
 Runs in the scheduler; pure Python. The building block of every policy here.
 
 The manager never shows pins to a policy; it only answers "is this block held?"
-(STORING, or pinned by a load) while the policy looks for victims. A held block met at
-the cold end of the list is *parked*: taken out of the list, so that no later search
-walks past it again. That is what makes eviction cost proportional to the blocks
-evicted, not to the blocks pinned.
+(STORING, or pinned by a load) while the policy looks for victims. Held blocks at the
+cold end of the list are *parked*: taken out of the list, so that no later search walks
+past them again. A held block further in is skipped once and parked by a later search,
+when the blocks before it have been evicted. That is what makes eviction cost
+proportional to the blocks evicted, not to the blocks pinned.
 
-Parking keeps the order exact. When a block is parked it is the coldest block of the
-list, so it is colder than every block the list holds afterwards (those were warmer
+Parking keeps the order exact. Only the coldest block of the list is ever parked, so a
+parked block is colder than every block the list holds afterwards (those were warmer
 then, or were touched or added since). Parked blocks that become evictable again wait
 in a heap keyed by their parking sequence and are offered before the list::
 
@@ -75,26 +76,23 @@ class RecencyList(Generic[K]):
     ) -> Generator[K, None, None]:
         """Yield evictable keys, coldest first, without removing them.
 
-        Held keys met on the way are parked when the iteration ends (also when the
-        caller stops early or fails to find enough). Keys in ``protected`` are
-        skipped and stay where they are. The caller removes the keys it evicts.
+        First parks the run of held keys at the cold end. Keys in ``protected`` and
+        held keys further in are skipped and stay where they are (a held key skipped
+        now is parked by a later call, once the keys before it are gone). The caller
+        removes the keys it evicts, after closing the generator.
         """
-        to_park: list[K] = []
-        try:
-            yield from self._released_evictable(is_held, protected)
-            for key in self._order:
-                if key in protected:
-                    continue
-                if is_held(key):
-                    to_park.append(key)
-                else:
-                    yield key
-        finally:
-            for key in to_park:
-                if key in self._order and is_held(key):
-                    del self._order[key]
-                    self._parked[key] = self._seq
-                    self._seq += 1
+        order = self._order
+        while order:
+            key = next(iter(order))
+            if not is_held(key):
+                break
+            del order[key]
+            self._parked[key] = self._seq
+            self._seq += 1
+        yield from self._released_evictable(is_held, protected)
+        for key in order:
+            if key not in protected and not is_held(key):
+                yield key
 
     def _released_evictable(
         self, is_held: Callable[[K], bool], protected: Collection[K]

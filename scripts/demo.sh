@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set everything up, then run kvtier's main job on its embedded defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+. .venv/bin/activate
+exec kvtier bench manager --blocks 50000 --pinned 10000 --rounds 100 --repeats 3 "$@"

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``kvtier bench ...``. Benchmarks measure; tests never time."""

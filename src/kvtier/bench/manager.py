@@ -1,0 +1,125 @@
+"""``kvtier bench manager``: per-block cost of the scheduler-side manager.
+
+For each policy, a tier of ``--blocks`` blocks is filled, optionally with ``--pinned``
+of its coldest blocks pinned by loads (the worst place for them), and each operation
+is timed in batches of ``--batch`` keys:
+
+* ``lookup`` and ``touch`` of resident blocks;
+* ``prepare_load`` + ``complete_load`` of resident, unpinned blocks;
+* ``prepare_store`` + ``complete_store`` of new blocks, each batch evicting as many.
+
+Reported: median nanoseconds per block over ``--repeats`` rounds, and the ratio of the
+pinned run to the unpinned one (1.0 means eviction does not grow with pins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from typing import Any
+
+from kvtier.bench.report import median_time, write_result
+from kvtier.blocks import BlockHash
+from kvtier.scheduler import POLICIES, CPUOffloadingManager
+
+OPS = ("lookup", "touch", "load", "store_evict")
+
+
+def _key(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(8, "little"))
+
+
+def measure(
+    policy: str, blocks: int, pinned: int, batch: int, rounds: int, repeats: int
+) -> dict[str, float]:
+    """Median ns per block of each operation for one policy and pin count."""
+    m = CPUOffloadingManager(num_blocks=blocks, block_size=16, eviction_policy=policy)
+    for start in range(0, blocks, batch):
+        ks = [_key(i) for i in range(start, min(start + batch, blocks))]
+        out = m.prepare_store(ks)
+        assert out is not None
+        m.complete_store(ks)
+    if pinned:
+        m.prepare_load([_key(i) for i in range(pinned)])  # the coldest blocks
+    hot = [
+        [_key(pinned + (r * batch + j) % (blocks - pinned)) for j in range(batch)]
+        for r in range(rounds)
+    ]
+    fresh = itertools.count(blocks)
+
+    def lookups() -> None:
+        for ks in hot:
+            m.lookup(ks)
+
+    def touches() -> None:
+        for ks in hot:
+            m.touch(ks)
+
+    def loads() -> None:
+        for ks in hot:
+            m.prepare_load(ks)
+            m.complete_load(ks)
+
+    def stores() -> None:
+        for _ in range(rounds):
+            ks = [_key(next(fresh)) for _ in range(batch)]
+            out = m.prepare_store(ks)
+            assert out is not None and len(out.block_hashes_evicted) == batch
+            m.complete_store(ks)
+
+    per_block = 1e9 / (rounds * batch)
+    result = {}
+    for name, fn in zip(OPS, (lookups, touches, loads, stores), strict=True):
+        result[name] = median_time(fn, repeats) * per_block
+    return result
+
+
+def run(
+    policies: list[str], blocks: int, pinned: int, batch: int, rounds: int, repeats: int
+) -> dict[str, Any]:
+    """All measurements, keyed ``policy -> pinned count -> op -> ns/block``."""
+    out: dict[str, Any] = {}
+    for policy in policies:
+        out[policy] = {
+            str(p): measure(policy, blocks, p, batch, rounds, repeats) for p in (0, pinned)
+        }
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--blocks", type=int, default=200_000, help="tier capacity in blocks")
+    parser.add_argument("--pinned", type=int, default=50_000, help="blocks pinned by loads")
+    parser.add_argument("--batch", type=int, default=64, help="keys per call")
+    parser.add_argument("--rounds", type=int, default=400, help="calls per timed round")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median)")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        choices=sorted(POLICIES),
+        help="policy to measure (repeatable; default: all)",
+    )
+    parser.add_argument("--json", type=str, default=None, help="result path")
+
+
+def main(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    policies = args.policy or sorted(POLICIES)
+    config = {k: getattr(args, k) for k in ("blocks", "pinned", "batch", "rounds", "repeats")}
+    config["policies"] = policies
+    results = run(policies, args.blocks, args.pinned, args.batch, args.rounds, args.repeats)
+    print(f"{'policy':<8}{'pinned':>8}" + "".join(f"{op:>13}" for op in OPS) + "   (ns/block)")
+    worst_ratio = 0.0
+    for policy, by_pin in results.items():
+        for pin, ops in by_pin.items():
+            print(f"{policy:<8}{pin:>8}" + "".join(f"{ops[op]:>13.0f}" for op in OPS))
+        ratio = by_pin[str(args.pinned)]["store_evict"] / by_pin["0"]["store_evict"]
+        worst_ratio = max(worst_ratio, ratio)
+    path = write_result("manager", config, results, Path(args.json) if args.json else None)
+    worst = {op: max(r[p][op] for r in results.values() for p in r) for op in OPS}
+    print(
+        f"manager: worst ns/block lookup {worst['lookup']:.0f}, touch {worst['touch']:.0f}, "
+        f"load {worst['load']:.0f}, store+evict {worst['store_evict']:.0f}; "
+        f"store+evict pinned/unpinned ratio <= {worst_ratio:.2f}; wrote {path}"
+    )
+    return 0

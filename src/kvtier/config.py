@@ -1,0 +1,151 @@
+"""Offloading configuration: one dict in, one frozen, validated object out.
+
+Runs anywhere; pure Python. ``OffloadingConfig.from_dict`` is the only way a user's
+settings enter kvtier: every key is checked once, here, and a bad one raises
+``ConfigError`` naming the key and saying what to change. The frozen result is passed
+down as it is; nothing copies or mutates it.
+
+Keys (see ``docs/configuration.md``):
+
+========================  =========================================================
+``cpu_bytes_to_use``      host memory for the CPU tier: bytes, or "8GiB" / "512MB"
+                          (required)
+``block_size``            tokens per offloaded block (a multiple of the engine's
+                          GPU block size; default 16)
+``eviction_policy``       a registered policy name (default ``"lru"``)
+``store_threshold``       store a block only after N lookups (0 = store all)
+``enable_events``         record stored/removed events (default true)
+``hash_algorithm``        block key digest: ``"sha256"`` (default) or ``"blake2b"``
+========================  =========================================================
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvtier.errors import ConfigError
+from kvtier.keys import HASH_ALGORITHMS
+from kvtier.scheduler.policies import POLICIES
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(key: str, value: object) -> int:
+    """A byte count from an int or a string such as ``"8GiB"`` or ``"512 MB"``.
+
+    Raises:
+        ConfigError: naming ``key``, when the value is not a positive size.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(key, f"expected a byte size such as 8589934592 or '8GiB', got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)) and m[2].lower() in _UNITS:
+        n = int(float(m[1]) * _UNITS[m[2].lower()])
+    else:
+        raise ConfigError(key, f"expected a byte size such as 8589934592 or '8GiB', got {value!r}")
+    if n <= 0:
+        raise ConfigError(key, f"must be more than 0 bytes, got {value!r}")
+    return n
+
+
+def _positive_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(key, f"must be a positive integer, got {value!r}")
+    return value
+
+
+def _non_negative_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(key, f"must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _bool(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _choice(key: str, value: object, choices: list[str]) -> str:
+    if value not in choices:
+        raise ConfigError(key, f"got {value!r}; choose one of {', '.join(choices)}")
+    assert isinstance(value, str)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadingConfig:
+    """The validated offloading configuration. Build it with ``from_dict``."""
+
+    cpu_bytes_to_use: int
+    block_size: int = 16
+    eviction_policy: str = "lru"
+    store_threshold: int = 0
+    enable_events: bool = True
+    hash_algorithm: str = "sha256"
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> OffloadingConfig:
+        """Validate a user's settings.
+
+        Raises:
+            ConfigError: a key is unknown (with the closest known key), missing or
+                invalid; the message names the key and says what to change.
+        """
+        if not isinstance(raw, Mapping):
+            raise ConfigError("<root>", f"expected a mapping of keys, got {type(raw).__name__}")
+        known = [f.name for f in fields(cls)]
+        for key in raw:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+                raise ConfigError(str(key), f"unknown key; {hint}")
+        if "cpu_bytes_to_use" not in raw:
+            raise ConfigError(
+                "cpu_bytes_to_use", "is required: how much host memory the CPU tier may use"
+            )
+        defaults = cls.__dataclass_fields__
+
+        def get(key: str) -> object:
+            return raw.get(key, defaults[key].default)
+
+        return cls(
+            cpu_bytes_to_use=parse_bytes("cpu_bytes_to_use", raw["cpu_bytes_to_use"]),
+            block_size=_positive_int("block_size", get("block_size")),
+            eviction_policy=_choice("eviction_policy", get("eviction_policy"), sorted(POLICIES)),
+            store_threshold=_non_negative_int("store_threshold", get("store_threshold")),
+            enable_events=_bool("enable_events", get("enable_events")),
+            hash_algorithm=_choice("hash_algorithm", get("hash_algorithm"), list(HASH_ALGORITHMS)),
+        )
+
+    def num_cpu_blocks(self, bytes_per_block: int) -> int:
+        """How many offloaded blocks of ``bytes_per_block`` fit in ``cpu_bytes_to_use``.
+
+        Raises:
+            ConfigError: not even one block fits.
+        """
+        n = self.cpu_bytes_to_use // bytes_per_block
+        if n < 1:
+            raise ConfigError(
+                "cpu_bytes_to_use",
+                f"{self.cpu_bytes_to_use} bytes hold no block of {bytes_per_block} bytes; "
+                f"give at least {bytes_per_block}",
+            )
+        return n
