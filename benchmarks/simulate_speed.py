@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 from pathlib import Path
+
+from kvtier.bench.report import git_commit, machine_info
 
 from kvtier.sim.cli import DEFAULT_TRACE
 from kvtier.sim.replay import replay
@@ -57,22 +57,13 @@ def main() -> None:
             f"  median {r['median_accesses_per_second']:>9,.0f}"
         )
     if args.out:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
         doc = {
             "benchmark": "simulate_speed",
             "trace": str(args.trace),
             "block_refs": trace.num_block_refs,
             "config": {"repeat": args.repeat, "policies": policies, "shares": shares},
-            "machine": {
-                "platform": platform.platform(),
-                "processor": platform.processor() or platform.machine(),
-                "cpus": os.cpu_count(),
-                "load_average": os.getloadavg(),
-                "python": platform.python_version(),
-            },
-            "commit": commit or None,
+            "machine": {**machine_info(), "load_average": os.getloadavg()},
+            "commit": git_commit(),
             "results": rows,
         }
         args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
