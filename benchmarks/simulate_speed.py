@@ -16,7 +16,6 @@ import statistics
 from pathlib import Path
 
 from kvtier.bench.report import git_commit, machine_info
-
 from kvtier.sim.cli import DEFAULT_TRACE
 from kvtier.sim.replay import replay
 from kvtier.sim.trace import read_mooncake
