@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "bench": {
         "manager": ("kvtier.bench.manager", "per-block cost of the scheduler-side manager"),
     },
+    "simulate": ("kvtier.sim.cli", "replay a trace through the manager; compare with Belady"),
 }
 
 

@@ -10,10 +10,12 @@ from kvtier.errors import ConfigError
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
+from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
     "lru": LRUPolicy,
     "arc": ARCPolicy,
+    "slru": SegmentedLRUPolicy,
 }
 
 

@@ -1,0 +1,131 @@
+"""Segmented LRU with ghost admission: one-time blocks stay on probation.
+
+Runs in the scheduler; pure Python. Most offloaded blocks are never used again (on the
+Mooncake synthetic trace 58 % of distinct blocks are referenced once), and under LRU
+each of them pushes a reusable block out. This policy keeps two recency lists and a
+ghost list, after SLRU (Karedla et al., 1994) and S3-FIFO's ghost queue (Yang et al.,
+SOSP'23)::
+
+    evicted first ─► probation (LRU)  ─► protected (LRU, ≤ 90 % of the tier) ─► evicted last
+                        ▲   │ reuse                 │ overflow: demoted to
+                  new key   └──────────────────────►│ probation's hot end
+                            ghost (keys only, 4 × capacity) ──► a returning key
+                                                                 enters protected
+
+* A new block enters *probation*. A second use (``touch`` with ``reused=True``)
+  promotes it to *protected*. Recency-only touches (a block still being stored) move
+  it within its list, so a request's first block stays its most recent.
+* Victims come from probation first, coldest first; protected blocks are evicted only
+  when probation has nothing evictable. When protected outgrows its share it demotes
+  its coldest block to probation's hot end (it gets one more chance).
+* Evicted keys are remembered, without data, in a bounded FIFO ghost list. A key stored
+  again while it is a ghost has been used before, so it enters protected directly --
+  that is how blocks whose reuse distance exceeds the tier still get in.
+
+Tuned on the synthetic trace and the generated chat workload (``docs/simulate.md``):
+protected share 0.9 and ghost 4 × capacity. Held blocks (being stored, or pinned)
+are never offered, as with every policy (``RecencyList`` parks them).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.recency import RecencyList
+
+PROTECTED_SHARE = 0.9
+"""Protected blocks at most, as a share of the tier (the rest is probation)."""
+
+GHOST_FACTOR = 4
+"""Ghost keys remembered, as a multiple of the tier's capacity."""
+
+
+def _never_held(key: BlockHash) -> bool:
+    return False
+
+
+class SegmentedLRUPolicy(EvictionPolicy):
+    """Probation and protected LRU lists, with a ghost list for admission to protected."""
+
+    name = "slru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self._probation: RecencyList[BlockHash] = RecencyList()
+        self._protected: RecencyList[BlockHash] = RecencyList()
+        self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
+        self._protected_cap = max(1, int(capacity * PROTECTED_SHARE))
+        self._ghost_cap = max(1, GHOST_FACTOR * capacity)
+
+    def __len__(self) -> int:
+        return len(self._probation) + len(self._protected)
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        """``(|probation|, |protected|, |ghost|)``, for tests and diagnostics."""
+        return len(self._probation), len(self._protected), len(self._ghost)
+
+    def add(self, key: BlockHash) -> None:
+        if key in self._ghost:
+            del self._ghost[key]
+            self._protect(key)
+        else:
+            self._probation.add(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self._probation:
+            if reused:
+                self._probation.remove(key)
+                self._protect(key)
+            else:
+                self._probation.touch(key)
+        elif key in self._protected:
+            self._protected.touch(key)
+
+    def remove(self, key: BlockHash) -> None:
+        (self._probation if key in self._probation else self._protected).remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        (self._probation if key in self._probation else self._protected).release(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        victims: list[BlockHash] = []
+        for segment in (self._probation, self._protected):
+            candidates = segment.evictable(is_held, protected)
+            try:
+                for key in candidates:
+                    victims.append(key)
+                    if len(victims) == n:
+                        return victims
+            finally:
+                candidates.close()
+        return None
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        ghost = self._ghost
+        for key in victims:
+            self.remove(key)
+            ghost[key] = None
+        while len(ghost) > self._ghost_cap:
+            ghost.popitem(last=False)
+
+    def _protect(self, key: BlockHash) -> None:
+        """Make ``key`` the most recent protected block; demote overflow to probation."""
+        self._protected.add(key)
+        if len(self._protected) > self._protected_cap:
+            coldest = self._protected.evictable(_never_held, ())
+            try:
+                demoted = next(coldest)
+            finally:
+                coldest.close()
+            self._protected.remove(demoted)
+            self._probation.add(demoted)

@@ -1,0 +1,171 @@
+"""Trace replay through the real scheduler-side manager.
+
+Runs in the ``kvtier simulate`` process; pure Python, no torch. The replay drives the
+same ``OffloadingManager`` code, with the same eviction policies, that an engine runs
+-- not a model of them -- following the engine's flow for each request, exactly as
+``shared/data/traces/SOURCES.md`` defines it::
+
+    hit = lookup(keys)                   # longest run of ready blocks from the first
+    touch(keys)                          # the resident blocks are used again
+    out = prepare_store(keys[hit:])      # store the rest, evicting other blocks
+    touch(keys)                          # the whole request is most recent, key 0 first
+    complete_store(out.block_hashes_to_store)   # if out is not None
+
+Stores complete at once (no transfer is simulated), so nothing is held between
+requests. A capacity of 0 blocks caches nothing: every request misses, and no manager
+is built (a manager needs at least one slot).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvtier.scheduler import CPUOffloadingManager, ManagerStats, OffloadingManager
+from kvtier.sim.metrics import HitCounter, HitRatios
+from kvtier.sim.progress import Progress
+from kvtier.sim.trace import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class TierHits:
+    """What one tier served.
+
+    Attributes:
+        medium: the tier's medium (``"CPU"``, later ``"DISK"``, ``"REMOTE"``).
+        capacity_blocks: the tier's capacity.
+        hit_blocks: prefix-hit blocks this tier served.
+        block_hit_ratio: ``hit_blocks`` / all block references of the trace.
+    """
+
+    medium: str
+    capacity_blocks: int
+    hit_blocks: int
+    block_hit_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """The outcome of one replay.
+
+    Attributes:
+        policy: the eviction policy's registered name.
+        capacity_blocks: capacity of the (primary) tier.
+        store_threshold: the manager's reuse-gated admission threshold.
+        ratios: overall hit ratios (all tiers together).
+        tiers: per tier, primary first (one tier for now).
+        stats: the manager's counters at the end (``None`` at capacity 0).
+        seconds: wall time of the replay loop.
+    """
+
+    policy: str
+    capacity_blocks: int
+    store_threshold: int
+    ratios: HitRatios
+    tiers: tuple[TierHits, ...]
+    stats: ManagerStats | None
+    seconds: float
+
+    @property
+    def accesses_per_second(self) -> float:
+        """Block references replayed per second of wall time."""
+        return self.ratios.block_refs / self.seconds if self.seconds > 0 else 0.0
+
+
+AfterRequest = Callable[[OffloadingManager], None]
+"""Called with the manager after each request (for checks in tests)."""
+
+
+def replay(
+    trace: Trace,
+    capacity_blocks: int,
+    policy: str = "lru",
+    *,
+    store_threshold: int = 0,
+    progress: Progress | None = None,
+    after_request: AfterRequest | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` through a ``CPUOffloadingManager`` of ``capacity_blocks``.
+
+    Args:
+        trace: the requests to replay, in order.
+        capacity_blocks: slots of the tier (``0``: cache nothing).
+        policy: a name registered in ``kvtier.scheduler.policies.POLICIES``.
+        store_threshold: the manager's admission threshold (``0``: store everything).
+        progress: advanced by one per request, if given.
+        after_request: called with the manager after each request, if given.
+
+    Raises:
+        ConfigError: unknown policy, negative capacity or bad threshold.
+    """
+    if capacity_blocks == 0:
+        return _replay_nothing(trace, policy, store_threshold, progress)
+    manager = CPUOffloadingManager(
+        num_blocks=capacity_blocks,
+        block_size=trace.block_size,
+        eviction_policy=policy,
+        enable_events=False,
+        store_threshold=store_threshold,
+    )
+    lookup = manager.lookup
+    touch = manager.touch
+    prepare_store = manager.prepare_store
+    complete_store = manager.complete_store
+    counter = HitCounter(trace.block_size)
+    add = counter.add
+    advance = progress.advance if progress is not None else None
+    start = time.perf_counter()
+    for request in trace.requests:
+        keys = request.keys
+        hit = lookup(keys)
+        touch(keys)
+        out = prepare_store(keys[hit:])
+        touch(keys)
+        if out is not None:
+            complete_store(out.block_hashes_to_store)
+        add(hit, len(keys), request.input_length)
+        if after_request is not None:
+            after_request(manager)
+        if advance is not None:
+            advance()
+    seconds = time.perf_counter() - start
+    ratios = counter.ratios()
+    tier = TierHits(
+        medium=str(manager.medium),
+        capacity_blocks=capacity_blocks,
+        hit_blocks=ratios.hit_blocks,
+        block_hit_ratio=ratios.block_hit_ratio,
+    )
+    return ReplayResult(
+        policy=policy,
+        capacity_blocks=capacity_blocks,
+        store_threshold=store_threshold,
+        ratios=ratios,
+        tiers=(tier,),
+        stats=manager.stats(),
+        seconds=seconds,
+    )
+
+
+def _replay_nothing(
+    trace: Trace, policy: str, store_threshold: int, progress: Progress | None
+) -> ReplayResult:
+    from kvtier.scheduler.policies import make_policy
+
+    make_policy(policy, 1)  # still reject an unknown policy name
+    counter = HitCounter(trace.block_size)
+    for request in trace.requests:
+        counter.add(0, len(request.keys), request.input_length)
+        if progress is not None:
+            progress.advance()
+    ratios = counter.ratios()
+    return ReplayResult(
+        policy=policy,
+        capacity_blocks=0,
+        store_threshold=store_threshold,
+        ratios=ratios,
+        tiers=(TierHits("CPU", 0, 0, 0.0),),
+        stats=None,
+        seconds=0.0,
+    )
