@@ -3,6 +3,7 @@
 Runs in the engine's scheduler (the engine is one process: the connector's scheduler
 half and worker half both live in it). The scheduler calls, per request and per step::
 
+    once:  register_kv_caches(kv_caches, block_size)
     step:  poll() ─► admit: GPU prefix match ─► (a) get_num_external_hit_blocks
                          allocate pages ─► (b) start_load ─► LoadHandle (polled each step)
                             pages reused ─► (d) on_gpu_evict   (inside allocation)
@@ -24,6 +25,8 @@ from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ProtocolError
 
 if TYPE_CHECKING:
+    import torch
+
     from kvtier.engine.request import Request
 
 
@@ -104,6 +107,12 @@ class OffloadStats:
 class Connector(Protocol):
     """An offloading connector, as the engine calls it. All calls come from one thread."""
 
+    def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_size: int) -> None:
+        """Once, before any request: the pool's per-layer tensors, each
+        ``(2, num_blocks, block_size, num_kv_heads, head_dim)`` on the model's device
+        (the layout the worker side's GPU handlers take)."""
+        ...
+
     def get_num_external_hit_blocks(
         self, request: Request, block_keys: Sequence[BlockHash], num_gpu_hit_blocks: int
     ) -> int:
@@ -165,6 +174,9 @@ class Connector(Protocol):
 
 class NoOpConnector:
     """No offloading: nothing is ever offloaded, loaded or stored."""
+
+    def register_kv_caches(self, kv_caches: Sequence[torch.Tensor], block_size: int) -> None:
+        return None
 
     def get_num_external_hit_blocks(
         self, request: Request, block_keys: Sequence[BlockHash], num_gpu_hit_blocks: int

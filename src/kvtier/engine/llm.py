@@ -43,6 +43,9 @@ class LLM:
         num_gpu_blocks: pages in the KV pool (the GPU prefix cache's capacity).
         block_size: tokens per page.
         offload: offloading configuration; only ``None`` (no offloading) for now.
+        connector: a ready-made offloading connector (see ``connector_api``), for
+            embedders and tests; ``offload`` will build one from configuration. It is
+            given the pool's tensors (``register_kv_caches``) before any request.
         device: where the model runs (default: CUDA if available, else CPU). Ignored
             for a model instance, which runs where it is.
         seed: the default model's weights seed.
@@ -63,6 +66,7 @@ class LLM:
         seed: int = 0,
         max_batch_size: int = 8,
         prefill_chunk: int = 2048,
+        connector: Connector | None = None,
     ) -> None:
         for key, value in (
             ("num_gpu_blocks", num_gpu_blocks),
@@ -76,7 +80,9 @@ class LLM:
             raise ConfigError(
                 "offload", "offloading is not wired into the engine yet; pass offload=None"
             )
-        connector: Connector = NoOpConnector()
+        if connector is not None and not isinstance(connector, Connector):
+            raise ConfigError("connector", f"{type(connector).__name__} is not a Connector")
+        connector = connector if connector is not None else NoOpConnector()
         if isinstance(model, PreTrainedModel):
             self.model = model
             self.model.train(False)  # eval mode
@@ -90,6 +96,7 @@ class LLM:
             self.block_manager, connector, block_size, max_batch_size, prefill_chunk
         )
         self.runner = ModelRunner(self.model, self.pool)
+        connector.register_kv_caches(self.pool.kv_caches, block_size)
         self.connector = connector
         self.last_stats: EngineStats | None = None
         self._ids = itertools.count()
