@@ -40,6 +40,7 @@ class Request:
         block_keys: keys of its full blocks (of ``all_token_ids``), computed at admission.
         num_computed_tokens: tokens whose KV is in its pages.
         num_committed_blocks: leading pages already named by key in the prefix cache.
+        prefill_end: ``num_tokens`` at admission: tokens before it are prefill work.
         load: the pending external load, while ``LOADING``.
     """
 
@@ -53,6 +54,7 @@ class Request:
     block_keys: list[BlockHash] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_committed_blocks: int = 0
+    prefill_end: int = 0
     load: LoadHandle | None = None
     # statistics
     first_token_s: float | None = None

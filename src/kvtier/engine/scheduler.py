@@ -132,9 +132,9 @@ class Scheduler:
     def update(self, batch: ScheduledBatch, next_tokens: Sequence[int], now_s: float) -> None:
         """Account one forward pass: sampled tokens, full pages, finished requests."""
         for req, inp, token in zip(batch.requests, batch.inputs, next_tokens, strict=True):
+            start = req.num_computed_tokens
             req.num_computed_tokens += len(inp.token_ids)
-            if batch.is_prefill:
-                req.computed_tokens += len(inp.token_ids)
+            req.computed_tokens += max(0, min(req.num_computed_tokens, req.prefill_end) - start)
             if req.num_computed_tokens == req.num_tokens:
                 req.output_token_ids.append(token)
                 if req.first_token_s is None:
@@ -195,6 +195,7 @@ class Scheduler:
             req.block_keys = keys
             req.num_computed_tokens = len(hits) * self.block_size
             req.num_committed_blocks = len(hits)
+            req.prefill_end = req.num_tokens
             req.admissions += 1
             if req.admissions == 1:
                 req.gpu_hit_blocks = len(hits)

@@ -23,7 +23,8 @@ class RequestStats:
         gpu_hit_blocks: blocks served by the GPU prefix cache.
         external_hit_blocks: blocks the connector reported offloaded (tried to load).
         loaded_blocks: of those, blocks loaded successfully.
-        computed_tokens: tokens run through prefill, over all admissions.
+        computed_tokens: prompt tokens run through the model, over all admissions
+            (a recompute after a preemption counts again; decoded tokens do not).
         preemptions: times the request lost its pages and was recomputed.
         ttft_s: seconds from the ``generate`` call to the request's first token.
     """
