@@ -39,6 +39,11 @@ def random_prompts(
 
 
 @pytest.fixture(scope="session")
+def tiny_size() -> ModelSize:
+    return TINY
+
+
+@pytest.fixture(scope="session")
 def make_prompts():  # type: ignore[no-untyped-def]
     """``random_prompts`` as a fixture (test modules do not import each other)."""
     return random_prompts
