@@ -1,0 +1,175 @@
+"""``LLM``: the reference engine's public entry point, and its loop.
+
+Runs in one process: the scheduler and the connector's bookkeeping in Python, the
+forward passes and the KV pool on the model's device (CUDA when available, else CPU).
+
+    >>> llm = LLM(num_gpu_blocks=256, block_size=16)
+    >>> outputs = llm.generate([[1, 2, 3, 4]], max_new_tokens=8)
+    >>> llm.last_stats.ttft_s
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from kvtier.engine.block_manager import BlockManager
+from kvtier.engine.connector_api import Connector, NoOpConnector
+from kvtier.engine.kv_pool import KVLayout, KVPool
+from kvtier.engine.model_runner import ModelRunner
+from kvtier.engine.models import load_model
+from kvtier.engine.request import Request
+from kvtier.engine.scheduler import Scheduler
+from kvtier.engine.stats import EngineStats
+from kvtier.errors import ConfigError
+
+_POLL_INTERVAL_S = 1e-4
+"""Sleep between polls while every request waits on the connector."""
+
+
+class LLM:
+    """A small paged-KV inference engine over a Hugging Face causal LM (greedy decoding).
+
+    Args:
+        model: ``None`` for the embedded default model (seeded random weights), a path to
+            a local Hugging Face checkpoint directory, or a model instance.
+        num_gpu_blocks: pages in the KV pool (the GPU prefix cache's capacity).
+        block_size: tokens per page.
+        offload: offloading configuration; only ``None`` (no offloading) for now.
+        connector: a ready-made offloading connector (see ``connector_api``), for
+            embedders and tests; ``offload`` will build one from configuration. It is
+            given the pool's tensors (``register_kv_caches``) before any request.
+        device: where the model runs (default: CUDA if available, else CPU). Ignored
+            for a model instance, which runs where it is.
+        seed: the default model's weights seed.
+        max_batch_size: most requests admitted and decoded together.
+        prefill_chunk: most tokens one prefill forward pass runs.
+
+    Raises:
+        ConfigError: an argument is invalid (the message names it).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | PreTrainedModel | None = None,
+        num_gpu_blocks: int = 1024,
+        block_size: int = 16,
+        offload: Mapping[str, Any] | None = None,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        max_batch_size: int = 8,
+        prefill_chunk: int = 2048,
+        connector: Connector | None = None,
+    ) -> None:
+        for key, value in (
+            ("num_gpu_blocks", num_gpu_blocks),
+            ("block_size", block_size),
+            ("max_batch_size", max_batch_size),
+            ("prefill_chunk", prefill_chunk),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(key, f"must be a positive integer, got {value!r}")
+        if offload is not None:
+            raise ConfigError(
+                "offload", "offloading is not wired into the engine yet; pass offload=None"
+            )
+        if connector is not None and not isinstance(connector, Connector):
+            raise ConfigError("connector", f"{type(connector).__name__} is not a Connector")
+        connector = connector if connector is not None else NoOpConnector()
+        if isinstance(model, PreTrainedModel):
+            self.model = model
+            self.model.train(False)  # eval mode
+        else:
+            self.model = load_model(model, device=device, seed=seed)
+        self.pool = KVPool(
+            KVLayout.of_model(self.model), num_gpu_blocks, block_size, self.model.device
+        )
+        self.block_manager = BlockManager(num_gpu_blocks, on_evict=connector.on_gpu_evict)
+        self.scheduler = Scheduler(
+            self.block_manager, connector, block_size, max_batch_size, prefill_chunk
+        )
+        self.runner = ModelRunner(self.model, self.pool)
+        connector.register_kv_caches(self.pool.kv_caches, block_size)
+        self.connector = connector
+        self.last_stats: EngineStats | None = None
+        self._ids = itertools.count()
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], max_new_tokens: int
+    ) -> list[list[int]]:
+        """Greedy-decode ``max_new_tokens`` tokens after each prompt; sets ``last_stats``.
+
+        Prompts are admitted in order and share the GPU prefix cache (within the call
+        and with earlier calls). Returns the generated tokens only, one list per prompt.
+
+        Raises:
+            ConfigError: a prompt is empty or holds a token outside the vocabulary, or
+                ``max_new_tokens`` is not a positive integer.
+            CapacityError: a request cannot fit in the pool even alone.
+        """
+        requests = self._make_requests(prompt_token_ids, max_new_tokens)
+        for req in requests:
+            self.scheduler.check_fits(req)
+        start = time.perf_counter()
+        for req in requests:
+            req.arrival_s = start
+            self.scheduler.add(req)
+        while self.scheduler.has_unfinished:
+            batch = self.scheduler.schedule()
+            if batch is None:  # every request waits on the connector
+                time.sleep(_POLL_INTERVAL_S)
+                continue
+            next_tokens = self.runner.run(batch.inputs)
+            self.scheduler.update(batch, next_tokens, time.perf_counter())
+        wall_s = time.perf_counter() - start
+        while self.scheduler.has_held:  # stores still reading finished requests' pages
+            self.scheduler.release(self.connector.poll())
+            time.sleep(_POLL_INTERVAL_S)
+        self.last_stats = EngineStats(
+            requests=tuple(r.stats(start) for r in requests),
+            block_size=self.pool.block_size,
+            wall_s=wall_s,
+            offload=self.connector.take_stats(),
+        )
+        return [list(r.output_token_ids) for r in requests]
+
+    def _make_requests(
+        self, prompt_token_ids: Sequence[Sequence[int]], max_new_tokens: int
+    ) -> list[Request]:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ConfigError("max_new_tokens", f"must be an integer, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise ConfigError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
+        if isinstance(prompt_token_ids, (str, bytes)) or not isinstance(prompt_token_ids, Sequence):
+            raise ConfigError("prompt_token_ids", "must be a list of token-id lists")
+        vocab = self.model.config.get_text_config().vocab_size
+        requests = []
+        for i, prompt in enumerate(prompt_token_ids):
+            where = f"prompt_token_ids[{i}]"
+            if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+                raise ConfigError(where, "must be a list of token ids (ints)")
+            if len(prompt) == 0:
+                raise ConfigError(where, "is empty; a prompt needs at least one token")
+            try:
+                tokens = tuple(operator.index(t) for t in prompt)
+            except TypeError as e:
+                raise ConfigError(where, f"must hold integer token ids ({e})") from e
+            bad = next((t for t in tokens if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ConfigError(where, f"token {bad} is outside the vocabulary [0, {vocab})")
+            requests.append(
+                Request(
+                    request_id=str(next(self._ids)),
+                    prompt_token_ids=tokens,
+                    max_new_tokens=max_new_tokens,
+                    arrival_s=0.0,
+                )
+            )
+        return requests

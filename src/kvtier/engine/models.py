@@ -1,0 +1,157 @@
+"""The engine's models: the embedded default Llama, and local Hugging Face checkpoints.
+
+Runs in the engine process, on the model's device. Nothing is ever downloaded: the
+default model is a small ``LlamaForCausalLM`` built from a config with seeded random
+weights, and ``load_model(path)`` only reads a local checkpoint directory.
+
+The default weights are drawn by kvtier itself, parameter by parameter in name order
+from one seeded CPU generator, rather than by transformers' own initialisation (which
+changes between versions). The same seed therefore gives the same weights in every
+process, on every machine, and on CPU or GPU (the weights are drawn in float32 on the
+CPU, then cast and moved).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+
+from kvtier.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    """The shape of a Llama model built from scratch.
+
+    The default is sized so that a 2,000-token prefill takes a few seconds on two CPU
+    cores (about 4 s measured on the development machine; see ``docs/engine.md``).
+    KV per token: ``2 * num_layers * num_kv_heads * head_dim`` elements (6 KiB in
+    float32 for the default).
+    """
+
+    vocab_size: int = 16384
+    hidden_size: int = 768
+    intermediate_size: int = 2048
+    num_layers: int = 6
+    num_heads: int = 12
+    num_kv_heads: int = 2
+    max_position_embeddings: int = 8192
+    init_std: float = 0.02
+
+    def to_config(self) -> LlamaConfig:
+        """The transformers config of this size (no special tokens: greedy to max length)."""
+        return LlamaConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            initializer_range=self.init_std,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        )
+
+
+DEFAULT_MODEL_SIZE = ModelSize()
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """The device to run on: the one asked for, else CUDA when available, else the CPU."""
+    if device is not None:
+        try:
+            return torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError("device", f"{device!r} is not a torch device ({e})") from e
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: torch.dtype | None = None) -> torch.dtype:
+    """The dtype to run in: the one asked for, else float32 on CPU, bf16 (or fp16) on GPU."""
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ConfigError("dtype", f"{dtype!r} is not a floating-point torch dtype")
+        return dtype
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def build_model(
+    size: ModelSize = DEFAULT_MODEL_SIZE,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> PreTrainedModel:
+    """Build a Llama model with seeded random weights, in eval mode.
+
+    Args:
+        size: the model's shape.
+        seed: the weights' seed; equal seeds give equal weights in every process.
+        device: where the model runs (default: CUDA if available, else CPU).
+        dtype: the weights' dtype (default: float32 on CPU, bf16/fp16 on GPU).
+    """
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    model = LlamaForCausalLM(size.to_config())
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            if "norm" in name:
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            else:
+                values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+                param.copy_(values * size.init_std)
+    return place(model, dev, dt)
+
+
+def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    """Move and cast a model in place, and put it in eval mode (inference only)."""
+    # PreTrainedModel.to is wrapped by transformers, which hides its signature from mypy.
+    model.to(device=device, dtype=dtype)  # type: ignore[call-arg]
+    model.train(False)  # eval mode; PreTrainedModel.eval is unannotated
+    return model
+
+
+def load_model(
+    path: str | os.PathLike[str] | None = None,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """The default model (``path=None``) or a local Hugging Face causal-LM checkpoint.
+
+    Args:
+        path: a checkpoint directory (``config.json`` and weights); never downloaded.
+        device: where the model runs (default: CUDA if available, else CPU).
+        dtype: the dtype to run in (default: float32 on CPU, bf16/fp16 on GPU).
+        seed: the default model's weights seed (ignored for a checkpoint).
+
+    Raises:
+        ConfigError: ``path`` is not a directory holding a checkpoint transformers can load.
+    """
+    if path is None:
+        return build_model(DEFAULT_MODEL_SIZE, seed=seed, device=device, dtype=dtype)
+    directory = Path(path)
+    if not (directory / "config.json").is_file():
+        raise ConfigError(
+            "model", f"{str(path)!r} is not a local checkpoint directory (no config.json)"
+        )
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    try:
+        # Loaded in its stored dtype, then cast: the dtype keyword of from_pretrained was
+        # renamed between transformers 4.x and 5.x.
+        model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError("model", f"cannot load checkpoint {str(path)!r}: {e}") from e
+    return place(model, dev, dt)

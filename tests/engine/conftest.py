@@ -1,0 +1,49 @@
+"""Shared fixtures of the engine tests: one tiny seeded Llama, built once."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import PreTrainedModel
+
+from kvtier.engine import ModelSize, build_model
+
+TINY = ModelSize(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    max_position_embeddings=1024,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> PreTrainedModel:
+    # The tiny model's matmuls take microseconds; intra-op threads only add overhead
+    # (milliseconds per op when the cores are shared).
+    torch.set_num_threads(1)
+    return build_model(TINY, seed=0, device="cpu")
+
+
+def random_prompts(
+    seed: int, n: int, shared: int, tail: tuple[int, int], vocab: int = TINY.vocab_size
+) -> list[list[int]]:
+    """``n`` prompts: a common ``shared``-token prefix plus a random tail of length in ``tail``."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(vocab) for _ in range(shared)]
+    return [prefix + [rng.randrange(vocab) for _ in range(rng.randint(*tail))] for _ in range(n)]
+
+
+@pytest.fixture(scope="session")
+def tiny_size() -> ModelSize:
+    return TINY
+
+
+@pytest.fixture(scope="session")
+def make_prompts():  # type: ignore[no-untyped-def]
+    """``random_prompts`` as a fixture (test modules do not import each other)."""
+    return random_prompts
