@@ -54,8 +54,15 @@ class ThreadLane:
         self._thread.start()
 
     def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
-        """Queue a job (``fn=None`` with an ``error``: report it failed, in order)."""
+        """Queue a job (``fn=None`` with an ``error``: report it failed, in order).
+
+        After ``close`` the thread is gone and every earlier job is done, so a job
+        is reported at once: failed, since a closed lane runs nothing.
+        """
         with self._cond:
+            if self._closed:
+                self._done.append(TransferResult.failed(job_id, error or "lane is closed"))
+                return
             self._in_flight.add(job_id)
         self._queue.put((job_id, fn, error))
 
@@ -91,10 +98,12 @@ class ThreadLane:
 
     def close(self) -> None:
         """Run what is queued, then stop the thread. Idempotent."""
-        if not self._closed:
+        with self._cond:
+            if self._closed:
+                return
             self._closed = True
-            self._queue.put(None)
-            self._thread.join()
+        self._queue.put(None)
+        self._thread.join()
 
 
 @dataclass(slots=True)
