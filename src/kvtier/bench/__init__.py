@@ -1,0 +1,1 @@
+"""Benchmarks behind ``kvtier bench ...``; each module exposes ``add_arguments``/``main``."""
