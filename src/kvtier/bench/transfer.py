@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from kvtier.blocks import BlockId
 from kvtier.errors import ConfigError
 from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout
@@ -106,8 +107,10 @@ def _one_case(
         if ids == "random"
         else list(range(2 * blocks))
     )
-    store = (GPULoadStoreSpec(tuple(gpu_ids[:blocks])), CPULoadStoreSpec(tuple(cpu_ids[:blocks])))
-    load = (CPULoadStoreSpec(tuple(cpu_ids[blocks:])), GPULoadStoreSpec(tuple(gpu_ids[blocks:])))
+    g_ids = tuple(BlockId(int(b)) for b in gpu_ids)
+    c_ids = tuple(BlockId(int(b)) for b in cpu_ids)
+    store = (GPULoadStoreSpec(g_ids[:blocks]), CPULoadStoreSpec(c_ids[:blocks]))
+    load = (CPULoadStoreSpec(c_ids[blocks:]), GPULoadStoreSpec(g_ids[blocks:]))
     g2c, c2g = handlers.gpu_to_cpu_handler, handlers.cpu_to_gpu_handler
     pin = device.type == "cuda"
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
