@@ -50,21 +50,30 @@ def _sync(device: torch.device) -> None:
 
 
 def _measure(
-    fn: Callable[[], float | None], device: torch.device, warmup: int, repeats: int
-) -> tuple[float, float | None]:
-    """Median wall seconds of ``fn``, and median of the lane seconds it returns (if any)."""
-    for _ in range(warmup):
-        fn()
-    walls, lanes = [], []
+    fns: dict[str, Callable[[], float | None]], device: torch.device, warmup: int, repeats: int
+) -> dict[str, tuple[float, float | None]]:
+    """Median wall seconds of each fn, and median of the lane seconds it returns (if any).
+
+    The fns run round-robin, so a noisy neighbour slows every variant alike.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    walls: dict[str, list[float]] = {k: [] for k in fns}
+    lanes: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        lane = fn()
-        _sync(device)
-        walls.append(time.perf_counter() - start)
-        if lane is not None:
-            lanes.append(lane)
-    return statistics.median(walls), statistics.median(lanes) if lanes else None
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            lane = fn()
+            _sync(device)
+            walls[name].append(time.perf_counter() - start)
+            if lane is not None:
+                lanes[name].append(lane)
+    return {
+        k: (statistics.median(walls[k]), statistics.median(lanes[k]) if lanes[k] else None)
+        for k in fns
+    }
 
 
 def _run_jobs(jobs: Sequence[tuple[SingleDirectionHandler, tuple[Any, Any]]]) -> float:
@@ -119,15 +128,23 @@ def _one_case(
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
+    host.fill_(1)  # fault every page in: untouched memory reads as one cache-hot zero page
+    dev.fill_(2)
+
     def plain() -> None:
         host.copy_(dev, non_blocking=True)
 
-    measured = {
-        "plain": _measure(plain, device, warmup, repeats),
-        "g2c": _measure(lambda: _run_jobs([(g2c, store)]), device, warmup, repeats),
-        "c2g": _measure(lambda: _run_jobs([(c2g, load)]), device, warmup, repeats),
-        "both": _measure(lambda: _run_jobs([(g2c, store), (c2g, load)]), device, warmup, repeats),
-    }
+    measured = _measure(
+        {
+            "plain": plain,
+            "g2c": lambda: _run_jobs([(g2c, store)]),
+            "c2g": lambda: _run_jobs([(c2g, load)]),
+            "both": lambda: _run_jobs([(g2c, store), (c2g, load)]),
+        },
+        device,
+        warmup,
+        repeats,
+    )
     handlers.shutdown()
     seconds = {k: wall for k, (wall, _) in measured.items()}
     lane = {k: t for k, (_, t) in measured.items() if t is not None}
