@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "bench": {
         "manager": ("kvtier.bench.manager", "per-block cost of the scheduler-side manager"),
+        "transfer": ("kvtier.bench.transfer", "GPU<->CPU handler bandwidth against a plain copy"),
     },
     "simulate": ("kvtier.sim.cli", "replay a trace through the manager; compare with Belady"),
 }

@@ -1,0 +1,332 @@
+"""``kvtier bench transfer``: GPU<->CPU handler bandwidth against a plain copy.
+
+Runs on the machine's GPU when there is one, else on CPU tensors standing in for GPU
+memory (the handlers' CPU path against a plain ``memcpy``-like ``copy_``). For each
+page size and job size it times, after warm-up, the median of ``repeats`` runs of:
+
+* ``plain``: one contiguous copy of the job's bytes (on a GPU: one pinned-buffer
+  ``cudaMemcpyAsync``), the practical peak;
+* ``g2c`` / ``c2g``: one handler job, submit to finished, end to end;
+* ``both``: a store and a load of the same size submitted together (bytes of both).
+
+A *page* is one fragment: the K (or V) bytes of one layer for one GPU block (layout
+``KV_FIRST``), so a block moves ``2 * layers * page`` bytes. ``ids`` says how the
+offloaded block ids of a job are laid out in the slab: ``contiguous`` (a fresh tier)
+or ``random`` (a fragmented one, the worst case). GPU block ids are always random.
+Results go to ``benchmarks/results/transfer-<machine>-<date>.json``. Torch only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvtier.blocks import BlockId
+from kvtier.errors import ConfigError
+from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout
+from kvtier.worker.gpu_cpu import SingleDirectionHandler
+
+KiB, MiB = 1024, 1024 * 1024
+DEFAULT_PAGES = (8 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
+DEFAULT_BLOCKS = (1, 16, 256, 4096)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _measure(
+    fns: dict[str, Callable[[], float | None]], device: torch.device, warmup: int, repeats: int
+) -> dict[str, tuple[float, float | None]]:
+    """Median wall seconds of each fn, and median of the lane seconds it returns (if any).
+
+    The fns run round-robin, so a noisy neighbour slows every variant alike.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    walls: dict[str, list[float]] = {k: [] for k in fns}
+    lanes: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            _sync(device)
+            start = time.perf_counter()
+            lane = fn()
+            _sync(device)
+            walls[name].append(time.perf_counter() - start)
+            if lane is not None:
+                lanes[name].append(lane)
+    return {
+        k: (statistics.median(walls[k]), statistics.median(lanes[k]) if lanes[k] else None)
+        for k in fns
+    }
+
+
+def _run_jobs(jobs: Sequence[tuple[SingleDirectionHandler, tuple[Any, Any]]]) -> float:
+    """Submit all, wait for all; returns the longest lane time (the jobs' copy time)."""
+    for i, (handler, spec) in enumerate(jobs):
+        handler.transfer_async(i, spec)
+    lane = 0.0
+    for i, (handler, _) in enumerate(jobs):
+        handler.wait([i])
+        for result in handler.get_finished():
+            if not result.success:
+                raise RuntimeError(f"benchmark job failed: {result.error}")
+            lane = max(lane, result.seconds)
+    return lane
+
+
+def _one_case(
+    page: int,
+    blocks: int,
+    layers: int,
+    ids: str,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    seed: int,
+) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(seed)
+    # fp16 pages of 16 tokens x 1 head x (page / 32) dims: exactly ``page`` bytes each.
+    kv = [
+        torch.empty((2, 2 * blocks, 16, 1, page // 32), dtype=torch.float16, device=device)
+        for _ in range(layers)
+    ]
+    for t in kv:
+        t.view(torch.int16).random_(-(2**15), 2**15 - 1)
+    handlers = CpuGpuOffloadingHandlers(kv, 16, 16, 2 * blocks, KVLayout.KV_FIRST)
+    # Touch the slab: never-written pages all map the zero page, and loads from them
+    # would read one cache-hot page instead of memory.
+    handlers.host_slab.tensor.fill_(1)
+    nbytes = blocks * handlers.kv_view.page_bytes
+    gpu_ids = torch.randperm(2 * blocks, generator=gen).tolist()
+    cpu_ids = (
+        torch.randperm(2 * blocks, generator=gen).tolist()
+        if ids == "random"
+        else list(range(2 * blocks))
+    )
+    g_ids = tuple(BlockId(int(b)) for b in gpu_ids)
+    c_ids = tuple(BlockId(int(b)) for b in cpu_ids)
+    store = (GPULoadStoreSpec(g_ids[:blocks]), CPULoadStoreSpec(c_ids[:blocks]))
+    load = (CPULoadStoreSpec(c_ids[blocks:]), GPULoadStoreSpec(g_ids[blocks:]))
+    g2c, c2g = handlers.gpu_to_cpu_handler, handlers.cpu_to_gpu_handler
+    pin = device.type == "cuda"
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+    host.fill_(1)  # fault every page in: untouched memory reads as one cache-hot zero page
+    dev.fill_(2)
+
+    def plain() -> None:
+        host.copy_(dev, non_blocking=True)
+
+    measured = _measure(
+        {
+            "plain": plain,
+            "g2c": lambda: _run_jobs([(g2c, store)]),
+            "c2g": lambda: _run_jobs([(c2g, load)]),
+            "both": lambda: _run_jobs([(g2c, store), (c2g, load)]),
+        },
+        device,
+        warmup,
+        repeats,
+    )
+    handlers.shutdown()
+    seconds = {k: wall for k, (wall, _) in measured.items()}
+    lane = {k: t for k, (_, t) in measured.items() if t is not None}
+    gbps = {k: (2 if k == "both" else 1) * nbytes / s / 1e9 for k, s in seconds.items()}
+    lane_gbps = {k: (2 if k == "both" else 1) * nbytes / t / 1e9 for k, t in lane.items() if t}
+    return {
+        "page_bytes": page,
+        "blocks": blocks,
+        "ids": ids,
+        "job_bytes": nbytes,
+        "fragments": 2 * layers,
+        "seconds": seconds,
+        "lane_seconds": lane,
+        "gbps": gbps,
+        "lane_gbps": lane_gbps,
+        "lane_ratio": {k: v / gbps["plain"] for k, v in lane_gbps.items()},
+        "ratio": {k: gbps[k] / gbps["plain"] for k in ("g2c", "c2g", "both")},
+    }
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """Platform, CPU count, torch version and GPU name (if any) of this machine."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+        "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+    }
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    info["git_commit"] = commit
+    return info
+
+
+def run_transfer_bench(
+    pages: Sequence[int] = DEFAULT_PAGES,
+    blocks: Sequence[int] = DEFAULT_BLOCKS,
+    *,
+    layers: int = 2,
+    ids: Sequence[str] = ("contiguous", "random"),
+    max_job_bytes: int = 128 * MiB,
+    warmup: int = 1,
+    repeats: int = 5,
+    device: str = "auto",
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run the grid and return the results dict (what ``main`` writes as JSON).
+
+    Cases whose job would exceed ``max_job_bytes`` are skipped and listed.
+    """
+    dev = torch.device(
+        "cuda"
+        if device == "auto" and torch.cuda.is_available()
+        else (device if device != "auto" else "cpu")
+    )
+    if any(p % 32 or p <= 0 for p in pages):
+        raise ConfigError("pages", f"page sizes must be positive multiples of 32, got {pages}")
+    torch.manual_seed(seed)
+    cases, skipped = [], []
+    for page in pages:
+        for n in blocks:
+            if n * page * 2 * layers > max_job_bytes:
+                skipped.append({"page_bytes": page, "blocks": n})
+                continue
+            for order in ids:
+                cases.append(_one_case(page, n, layers, order, dev, warmup, repeats, seed))
+    config = {
+        "pages": list(pages),
+        "blocks": list(blocks),
+        "layers": layers,
+        "ids": list(ids),
+        "max_job_bytes": max_job_bytes,
+        "warmup": warmup,
+        "repeats": repeats,
+        "seed": seed,
+        "layout": "kv_first",
+        "dtype": "float16",
+        "block_size_factor": 1,
+    }
+    return {
+        "benchmark": "transfer",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(dev),
+        "config": config,
+        "cases": cases,
+        "skipped": skipped,
+        "summary": summarize(cases),
+    }
+
+
+def summarize(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median ratios to the plain copy per page size, over jobs of 16 blocks or more.
+
+    ``wall``: submit to finished; ``lane``: the copy alone (no validation, no hand-off).
+    """
+    out: dict[str, Any] = {}
+    for page in sorted({c["page_bytes"] for c in cases}):
+        group = [c for c in cases if c["page_bytes"] == page and c["blocks"] >= 16] or [
+            c for c in cases if c["page_bytes"] == page
+        ]
+        out[_size(page)] = {
+            kind: {
+                k: round(statistics.median(c[key][k] for c in group), 3)
+                for k in ("g2c", "c2g", "both")
+            }
+            for kind, key in (("wall", "ratio"), ("lane", "lane_ratio"))
+        }
+    return out
+
+
+def _size(n: int) -> str:
+    return f"{n // MiB}MiB" if n >= MiB else f"{n // KiB}KiB"
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([kKmM]?)(i?[bB])?", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16K, 4M)")
+    return int(m[1]) * {"": 1, "k": KiB, "m": MiB}[m[2].lower()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``kvtier bench transfer``."""
+    parser.add_argument(
+        "--pages", default="8K,16K,64K,256K,1M,4M", help="page sizes (one fragment)"
+    )
+    parser.add_argument("--blocks", default="1,16,256,4096", help="blocks per job")
+    parser.add_argument("--layers", type=int, default=2, help="layers (2 fragments each)")
+    parser.add_argument("--ids", default="contiguous,random", help="slab id orders to run")
+    parser.add_argument("--max-job-mib", type=int, default=128, help="skip larger jobs")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--out", default="benchmarks/results", help="directory for the JSON")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run, print a table and one summary line, write the JSON."""
+    results = run_transfer_bench(
+        [_parse_size(p) for p in args.pages.split(",")],
+        [int(b) for b in args.blocks.split(",")],
+        layers=args.layers,
+        ids=args.ids.split(","),
+        max_job_bytes=args.max_job_mib * MiB,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        device=args.device,
+    )
+    print(
+        f"{'page':>7} {'blocks':>6} {'ids':>10} {'plain':>7} {'g2c':>7} {'c2g':>7} {'both':>7}"
+        "  GB/s; ratio g2c/c2g/both"
+    )
+    for c in results["cases"]:
+        g, r = c["gbps"], c["ratio"]
+        print(
+            f"{_size(c['page_bytes']):>7} {c['blocks']:>6} {c['ids']:>10} {g['plain']:7.2f} "
+            f"{g['g2c']:7.2f} {g['c2g']:7.2f} {g['both']:7.2f}  "
+            f"{r['g2c']:.2f}/{r['c2g']:.2f}/{r['both']:.2f}"
+        )
+    info = results["machine"]
+    machine = re.sub(
+        r"[^A-Za-z0-9]+",
+        "-",
+        info["cuda_device"] or f"cpu-{info['processor']}-{info['cpu_count']}c",
+    )
+    path = Path(args.out) / f"transfer-{machine}-{dt.date.today().isoformat()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    summary = ", ".join(
+        f"{p} {w['g2c']:.2f}/{w['c2g']:.2f}/{w['both']:.2f} (lane {ln['g2c']:.2f}/{ln['c2g']:.2f})"
+        for p, v in results["summary"].items()
+        for w, ln in [(v["wall"], v["lane"])]
+    )
+    print(
+        f"transfer on {info['device']}: ratio to plain copy g2c/c2g/both "
+        f"(median, jobs >= 16 blocks): {summary} -> {path}"
+    )
+    return 0

@@ -1,0 +1,137 @@
+"""Which GPU block goes to which host sub-block: the index arithmetic of one job.
+
+Runs on the host, in the caller's thread (pure numpy, no torch). An offloaded block of
+``block_size`` tokens covers ``block_size_factor`` consecutive GPU-sized *sub-blocks*
+of the host slab; offloaded block ``c`` owns sub-blocks ``c*f .. c*f+f-1``. A transfer
+pairs GPU block ids, in token order, with those sub-blocks, in token order. It may
+start in the middle of its first offloaded block (``skip_count``); it always ends at
+the end of its last one::
+
+    block_size_factor f = 4, cpu block ids [7, 2], skip_count = 1
+
+    offloaded block      7                       2
+    sub-block       28  29  30  31  |   8   9  10  11
+                     ^skipped
+    GPU block ids       g0  g1  g2  |  g3  g4  g5  g6      (7 = 2*4 - 1 GPU blocks)
+
+The seed (vLLM's ``kv_offload`` CPU/GPU worker) uses the same rule for loads; kvtier
+applies it to stores too, so a spec means the same thing in both directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvtier.errors import ProtocolError
+from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+
+
+def expand_block_ids(
+    block_ids: Sequence[int] | np.ndarray, block_size_factor: int, skip_count: int = 0
+) -> np.ndarray:
+    """Sub-block ids covered by ``block_ids``, without the first ``skip_count``.
+
+    Example: ``expand_block_ids([0, 1, 3], 4)`` is
+    ``[0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]`` and
+    ``expand_block_ids([0, 1, 3], 4, skip_count=3)`` is ``[3, 4, 5, 6, 7, 12, ...]``.
+
+    Args:
+        block_ids: offloaded block ids, in token order.
+        block_size_factor: GPU blocks per offloaded block (>= 1).
+        skip_count: sub-blocks of the first offloaded block left out,
+            ``0 <= skip_count < block_size_factor`` (0 when ``block_ids`` is empty).
+
+    Returns:
+        A new 1-D ``int64`` array of ``len(block_ids) * f - skip_count`` ids.
+
+    Raises:
+        ProtocolError: on a factor below 1 or a skip_count out of range.
+    """
+    if block_size_factor < 1:
+        raise ProtocolError(f"block_size_factor must be >= 1, got {block_size_factor}")
+    ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+    limit = block_size_factor if len(ids) else 1
+    if not 0 <= skip_count < limit:
+        raise ProtocolError(
+            f"skip_count must be in 0..{limit - 1} for {len(ids)} offloaded blocks of "
+            f"factor {block_size_factor}, got {skip_count}"
+        )
+    offsets = np.arange(block_size_factor, dtype=np.int64)
+    return (ids[:, None] * block_size_factor + offsets).reshape(-1)[skip_count:]
+
+
+@dataclass(frozen=True, slots=True)
+class RowPlan:
+    """One validated job, as rows: GPU block ``gpu_rows[i]`` <-> host sub-block ``cpu_rows[i]``.
+
+    Attributes:
+        gpu_rows: GPU block ids (int64), in token order.
+        cpu_rows: host sub-block ids (int64), same length.
+        cpu_runs: the job cut where ``cpu_rows`` stops being consecutive, as
+            ``(first index into the rows, first host sub-block, length)``; a copy per
+            run moves whole multi-layer pages, which is what makes the copies large.
+    """
+
+    gpu_rows: np.ndarray
+    cpu_rows: np.ndarray
+    cpu_runs: tuple[tuple[int, int, int], ...]
+
+    def __len__(self) -> int:
+        return len(self.gpu_rows)
+
+
+def consecutive_runs(rows: np.ndarray) -> tuple[tuple[int, int, int], ...]:
+    """Cut ``rows`` into maximal runs of consecutive ids: ``(index, first id, length)``."""
+    if len(rows) == 0:
+        return ()
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(rows)]))
+    return tuple(
+        (int(s), int(rows[s]), int(e - s))
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    )
+
+
+def plan_rows(
+    gpu_spec: GPULoadStoreSpec,
+    cpu_spec: CPULoadStoreSpec,
+    *,
+    block_size_factor: int,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    gpu_is_dst: bool,
+) -> RowPlan:
+    """Validate a GPU<->CPU job and turn it into rows.
+
+    Args:
+        gpu_spec: GPU block ids and ``skip_count``.
+        cpu_spec: offloaded block ids in the host slab.
+        block_size_factor: GPU blocks per offloaded block.
+        num_gpu_blocks: GPU blocks in the KV cache (ids must be below).
+        num_cpu_blocks: offloaded blocks in the slab (ids must be below).
+        gpu_is_dst: True for loads (CPU->GPU); the destination ids must be distinct.
+
+    Raises:
+        ProtocolError: the message says which count or id is wrong.
+    """
+    gpu_rows = np.asarray(gpu_spec.block_ids, dtype=np.int64).reshape(-1)
+    cpu_ids = np.asarray(cpu_spec.block_ids, dtype=np.int64).reshape(-1)
+    expected = len(cpu_ids) * block_size_factor - gpu_spec.skip_count
+    if len(gpu_rows) != expected:
+        raise ProtocolError(
+            f"{len(cpu_ids)} offloaded blocks x factor {block_size_factor} - skip_count "
+            f"{gpu_spec.skip_count} = {expected} GPU blocks expected, got {len(gpu_rows)}"
+        )
+    for name, ids, limit in (("GPU", gpu_rows, num_gpu_blocks), ("CPU", cpu_ids, num_cpu_blocks)):
+        if len(ids) and (ids.min() < 0 or ids.max() >= limit):
+            bad = int(ids[(ids < 0) | (ids >= limit)][0])
+            raise ProtocolError(f"{name} block id {bad} out of range 0..{limit - 1}")
+    cpu_rows = expand_block_ids(cpu_ids, block_size_factor, gpu_spec.skip_count)
+    dst_name, dst = ("GPU", gpu_rows) if gpu_is_dst else ("CPU", cpu_rows)
+    if len(np.unique(dst)) != len(dst):
+        raise ProtocolError(f"destination {dst_name} blocks repeat in one job: {dst.tolist()}")
+    return RowPlan(gpu_rows=gpu_rows, cpu_rows=cpu_rows, cpu_runs=consecutive_runs(cpu_rows))

@@ -1,0 +1,176 @@
+"""Lanes: where a handler's jobs run, one after another, off the caller's thread.
+
+A lane takes *enqueue functions* and reports each job once, in submission order.
+
+* ``CudaLane`` (a GPU is present): the function runs in the caller's thread but only
+  *enqueues* copies on a dedicated CUDA stream; events around it say when the job is
+  done and how long it took. With ``wait_for_compute`` the copy stream first waits on
+  an event recorded on the caller's current stream, so a store never copies a block
+  before the forward pass that writes it has finished.
+* ``ThreadLane`` (CPU tensors stand in for GPU memory): one worker thread runs the
+  functions in submission order. The thread stands in for the stream; the queue
+  hand-off orders the caller's earlier writes before the copy, the CPU analogue of
+  waiting for the compute stream.
+
+Either way a function that raises, and a job submitted with an ``error``, become a
+failed ``TransferResult``; nothing is raised to the caller.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvtier.worker.handler import TransferResult
+
+EnqueueFn = Callable[[], tuple[int, Any]]
+"""Runs (or enqueues) one job's copies; returns ``(bytes moved, objects to keep alive
+until the copies are done)``."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class ThreadLane:
+    """One worker thread running jobs in submission order (CPU stand-in for a stream)."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[int, EnqueueFn | None, str | None] | None] = (
+            queue.SimpleQueue()
+        )
+        self._cond = threading.Condition()
+        self._done: deque[TransferResult] = deque()
+        self._in_flight: set[int] = set()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
+        """Queue a job (``fn=None`` with an ``error``: report it failed, in order).
+
+        After ``close`` the thread is gone and every earlier job is done, so a job
+        is reported at once: failed, since a closed lane runs nothing.
+        """
+        with self._cond:
+            if self._closed:
+                self._done.append(TransferResult.failed(job_id, error or "lane is closed"))
+                return
+            self._in_flight.add(job_id)
+        self._queue.put((job_id, fn, error))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            job_id, fn, error = item
+            if fn is None:
+                result = TransferResult.failed(job_id, error or "refused")
+            else:
+                start = time.perf_counter()
+                try:
+                    nbytes, _ = fn()
+                    result = TransferResult(job_id, True, nbytes, time.perf_counter() - start)
+                except Exception as exc:
+                    result = TransferResult.failed(job_id, _describe(exc))
+            with self._cond:
+                self._done.append(result)
+                self._in_flight.discard(job_id)
+                self._cond.notify_all()
+
+    def poll(self) -> list[TransferResult]:
+        """Jobs finished since the last poll, in submission order."""
+        with self._cond:
+            out = list(self._done)
+            self._done.clear()
+        return out
+
+    def wait(self, job_ids: Iterable[int]) -> None:
+        """Block until none of ``job_ids`` is queued or running."""
+        wanted = set(job_ids)
+        with self._cond:
+            self._cond.wait_for(lambda: not (wanted & self._in_flight))
+
+    def close(self) -> None:
+        """Run what is queued, then stop the thread. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        self._thread.join()
+
+
+@dataclass(slots=True)
+class _CudaJob:
+    job_id: int
+    start: Any  # torch.cuda.Event, or None when the job never ran
+    end: Any
+    nbytes: int
+    keep_alive: Any
+    error: str | None
+
+
+class CudaLane:
+    """Jobs enqueued on one CUDA stream; finished when their end event has fired."""
+
+    def __init__(self, device: torch.device, wait_for_compute: bool) -> None:
+        self._device = device
+        self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+        self._wait_for_compute = wait_for_compute
+        self._jobs: deque[_CudaJob] = deque()
+
+    def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
+        """Enqueue a job's copies on the lane's stream (returns before they run)."""
+        if fn is None:
+            self._jobs.append(_CudaJob(job_id, None, None, 0, None, error or "refused"))
+            return
+        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        if self._wait_for_compute:
+            self._stream.wait_event(torch.cuda.current_stream(self._device).record_event())
+        try:
+            with torch.cuda.stream(self._stream):
+                start.record(self._stream)
+                nbytes, keep = fn()
+                end.record(self._stream)
+        except Exception as exc:
+            self._jobs.append(_CudaJob(job_id, None, None, 0, None, _describe(exc)))
+            return
+        self._jobs.append(_CudaJob(job_id, start, end, nbytes, keep, None))
+
+    def poll(self) -> list[TransferResult]:
+        """Jobs at the head of the queue whose copies are done, in submission order."""
+        out: list[TransferResult] = []
+        while self._jobs:
+            job = self._jobs[0]
+            seconds = 0.0
+            if job.end is not None:
+                try:
+                    if not job.end.query():
+                        break
+                    seconds = job.start.elapsed_time(job.end) / 1e3
+                except Exception as exc:  # an asynchronous CUDA error surfaces here
+                    job.error, job.end = _describe(exc), None
+            self._jobs.popleft()
+            if job.error is not None:
+                out.append(TransferResult.failed(job.job_id, job.error))
+            else:
+                out.append(TransferResult(job.job_id, True, job.nbytes, seconds))
+        return out
+
+    def wait(self, job_ids: Iterable[int]) -> None:
+        """Block until the given jobs' copies are done."""
+        wanted = set(job_ids)
+        for job in list(self._jobs):
+            if job.job_id in wanted and job.end is not None:
+                job.end.synchronize()
+
+    def close(self) -> None:
+        """Wait for everything enqueued."""
+        self._stream.synchronize()
