@@ -1,0 +1,1 @@
+"""Byte stores of the worker side: host memory, disk, remote."""

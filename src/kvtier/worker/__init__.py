@@ -1,0 +1,1 @@
+"""Worker side: moves KV bytes between media. Imports torch."""
