@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
     "bench": {
         "manager": ("kvtier.bench.manager", "per-block cost of the scheduler-side manager"),
+        "disk": ("kvtier.bench.disk", "disk tier store/load GB/s against dd, side by side"),
     },
 }
 

@@ -224,3 +224,22 @@ def test_rejects_pages_it_cannot_use(store: DiskStore) -> None:
     ):
         with pytest.raises(ValueError):
             CpuDiskOffloadingHandlers(bad, store)
+
+
+def test_store_into_a_reused_slot_deletes_the_evicted_key(tmp_path: Path) -> None:
+    """With slot tracking the scheduler's evictions reach the disk: a full tier stays usable."""
+    store = DiskStore.open(tmp_path, FP, 2 * block_file_size(BLOCK))
+    pages = cpu_pages(True)
+    h = CpuDiskOffloadingHandlers(pages, store, slot_keys={BlockId(1): key(9)})
+    store.write(key(9), pages[0].numpy())  # found at start-up, in slot 1
+
+    def into_slot(job_id: int, slot: int, k: int) -> TransferResult:
+        spec = (CPULoadStoreSpec((BlockId(0),)), DiskLoadStoreSpec((BlockId(slot),), (key(k),)))
+        return run(h.cpu_to_disk_handler, {job_id: spec})[job_id]
+
+    assert into_slot(1, 0, 1).success
+    assert into_slot(2, 1, 2).success  # slot 1 held key 9: deleted first
+    assert into_slot(3, 0, 3).success  # slot 0 held key 1
+    assert sorted(store.keys()) == [key(2), key(3)]
+    h.shutdown()
+    store.close()

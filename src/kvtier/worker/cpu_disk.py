@@ -21,7 +21,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -77,7 +77,13 @@ class CpuDiskHandler(OffloadingHandler):
     """
 
     def __init__(
-        self, *, cpu_to_disk: bool, pages: np.ndarray, store: DiskStore, io_threads: int
+        self,
+        *,
+        cpu_to_disk: bool,
+        pages: np.ndarray,
+        store: DiskStore,
+        io_threads: int,
+        slot_keys: dict[int, bytes] | None = None,
     ) -> None:
         self.cpu_to_disk = cpu_to_disk
         self.src_medium, self.dst_medium = (
@@ -85,6 +91,7 @@ class CpuDiskHandler(OffloadingHandler):
         )
         self._pages = pages
         self._store = store
+        self._slot_keys = slot_keys  # disk slot -> key it holds; None: no tracking
         direction = "store" if cpu_to_disk else "load"
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvtier-disk-{direction}")
         self._cv = threading.Condition()
@@ -108,8 +115,8 @@ class CpuDiskHandler(OffloadingHandler):
                 return False
             submitted = 0
             try:
-                for key, row in blocks:
-                    self._pool.submit(self._run_block, job, key, row)
+                for key, row, slot in blocks:
+                    self._pool.submit(self._run_block, job, key, row, slot)
                     submitted += 1
             except RuntimeError as exc:  # interpreter shutdown: report, do not raise
                 job.errors.append(f"not submitted: {exc}")
@@ -123,7 +130,7 @@ class CpuDiskHandler(OffloadingHandler):
             self._by_id[job_id] = job
         return False
 
-    def _plan(self, spec: TransferSpec) -> list[tuple[bytes, int]]:
+    def _plan(self, spec: TransferSpec) -> list[tuple[bytes, int, int]]:
         src, dst = spec
         cpu, disk = (src, dst) if self.cpu_to_disk else (dst, src)
         if not isinstance(cpu, CPULoadStoreSpec) or not isinstance(disk, DiskLoadStoreSpec):
@@ -144,14 +151,20 @@ class CpuDiskHandler(OffloadingHandler):
             raise ValueError(f"CPU block ids {bad[:5]} outside 0..{num_rows - 1}")
         if not self.cpu_to_disk and len(set(rows)) != len(rows):
             raise ValueError("a load writes two blocks into one CPU block")
-        return [(bytes(k), r) for k, r in zip(disk.block_hashes, rows, strict=True)]
+        slots = [int(b) for b in disk.block_ids] if self._slot_keys is not None else rows
+        if len(slots) != len(rows):
+            raise ValueError(f"{len(slots)} disk slots for {len(rows)} disk keys")
+        return [(bytes(k), r, d) for k, r, d in zip(disk.block_hashes, rows, slots, strict=True)]
 
-    def _run_block(self, job: _Job, key: bytes, row: int) -> None:
+    def _run_block(self, job: _Job, key: bytes, row: int, slot: int) -> None:
         start = time.perf_counter()
         error: str | None = None
         try:
             if self.cpu_to_disk:
+                self._free_slot(slot, key)
                 self._store.write(key, self._pages[row])
+                if self._slot_keys is not None:
+                    self._slot_keys[slot] = key
             else:
                 self._store.read_into(key, self._pages[row])
         except KvtierError as exc:
@@ -174,6 +187,14 @@ class CpuDiskHandler(OffloadingHandler):
             job.pending -= 1
             if job.done:
                 self._cv.notify_all()
+
+    def _free_slot(self, slot: int, key: bytes) -> None:
+        """Delete the block a reused disk slot held: the scheduler evicted it."""
+        if self._slot_keys is None:
+            return
+        old = self._slot_keys.pop(slot, None)
+        if old is not None and old != key:
+            self._store.delete(old)
 
     def get_finished(self) -> list[TransferResult]:
         """Jobs finished since the last call, in submission order; never blocks on I/O."""
@@ -208,9 +229,22 @@ class CpuDiskOffloadingHandlers:
             does; other rows use buffered I/O.
         disk_store: the open store (its owner closes it).
         io_threads: blocks in flight per direction (``disk_io_threads``).
+        slot_keys: when given, the handler remembers which key each disk slot (the
+            ``block_ids`` of a ``DiskLoadStoreSpec``) holds, starting from this
+            mapping (e.g. slot ``i`` = ``disk_store.recovered[i].key`` after a
+            restart), and a store into a slot first deletes the key that slot held:
+            the scheduler's evictions reach the disk with no message of their own.
+            ``None``: no tracking; the owner deletes evicted keys itself
+            (``DiskStore.delete``).
     """
 
-    def __init__(self, cpu_pages: torch.Tensor, disk_store: DiskStore, io_threads: int = 4) -> None:
+    def __init__(
+        self,
+        cpu_pages: torch.Tensor,
+        disk_store: DiskStore,
+        io_threads: int = 4,
+        slot_keys: Mapping[int, bytes] | None = None,
+    ) -> None:
         if cpu_pages.dtype != torch.uint8 or cpu_pages.dim() != 2 or cpu_pages.device.type != "cpu":
             raise ValueError(
                 f"cpu_pages must be a 2-D CPU uint8 tensor, got {cpu_pages.dtype} "
@@ -222,7 +256,11 @@ class CpuDiskOffloadingHandlers:
             raise ValueError(f"io_threads must be >= 1, got {io_threads}")
         pages = cpu_pages.numpy()  # shares memory with the tensor
         self.cpu_to_disk_handler = CpuDiskHandler(
-            cpu_to_disk=True, pages=pages, store=disk_store, io_threads=io_threads
+            cpu_to_disk=True,
+            pages=pages,
+            store=disk_store,
+            io_threads=io_threads,
+            slot_keys=None if slot_keys is None else dict(slot_keys),
         )
         self.disk_to_cpu_handler = CpuDiskHandler(
             cpu_to_disk=False, pages=pages, store=disk_store, io_threads=io_threads
