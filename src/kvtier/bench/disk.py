@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--total", default="64MiB", help="bytes moved per pass (bounds the disk space used)"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per measurement")
     parser.add_argument("--io-threads", type=int, default=4, help="blocks in flight per direction")
     parser.add_argument("--job-blocks", type=int, default=16, help="blocks per job")
     parser.add_argument("--out", type=Path, default=None, help="result JSON path")
