@@ -45,7 +45,16 @@ class TransferError(KvtierError):
 
 
 class IntegrityError(TransferError):
-    """Stored bytes failed verification; the block is treated as a miss."""
+    """Stored bytes failed verification; the block is treated as a miss.
+
+    Attributes:
+        reason: what failed, as a short stable word (``"checksum_mismatch"``, ...;
+            see ``kvtier.media.block_format.Corruption``), or ``None``.
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class ProtocolError(KvtierError):
