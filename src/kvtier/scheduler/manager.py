@@ -230,10 +230,9 @@ class TierManager:
         slots = free[len(free) - len(to_store) :]
         del free[len(free) - len(to_store) :]
         storing = BlockState.STORING
-        add = self.policy.add
         for key, slot in zip(to_store, slots, strict=True):
             blocks[key] = _Block(slot, storing)
-            add(key)
+        self.policy.add_all(to_store)
         if self.store_threshold > 1:
             for key in to_store:
                 self._seen.pop(key, None)
@@ -254,11 +253,11 @@ class TierManager:
             ProtocolError: a key is not resident (nothing is changed).
         """
         found = [self._blocks.get(key) for key in block_hashes]
-        for key, blk in zip(block_hashes, found, strict=True):
-            if blk is None:
-                raise ProtocolError(
-                    f"complete_store: block {key.hex()[:16]} was not prepared for storing"
-                )
+        if None in found:  # blocks compare by identity: this is a C-level scan
+            key = block_hashes[found.index(None)]
+            raise ProtocolError(
+                f"complete_store: block {key.hex()[:16]} was not prepared for storing"
+            )
         changed: list[BlockHash] = []
         storing, ready = BlockState.STORING, BlockState.READY
         for key, blk in zip(block_hashes, found, strict=True):
@@ -266,13 +265,13 @@ class TierManager:
                 continue  # READY already (or listed twice)
             changed.append(key)
             if success:
-                blk.state = ready
-                if blk.pins == 0:
-                    self.policy.release(key)
+                blk.state = ready  # a STORING block has no load pins
             else:
                 del self._blocks[key]
                 self._free.append(blk.slot)
                 self.policy.remove(key)
+        if success:
+            self.policy.release_all(changed)
         if success:
             self._n["stored"] += len(changed)
         else:
@@ -325,11 +324,10 @@ class TierManager:
         return blk.pins > 0 or blk.state is not BlockState.READY
 
     def _evict(self, victims: list[BlockHash]) -> None:
-        blocks = self._blocks
-        for key in victims:
-            blk = blocks.pop(key)
-            assert blk.state is BlockState.READY and blk.pins == 0, "policy chose a held block"
-            self._free.append(blk.slot)
+        blocks, ready = self._blocks, BlockState.READY
+        freed = [blocks.pop(key) for key in victims]
+        assert all(b.state is ready and b.pins == 0 for b in freed), "policy chose a held block"
+        self._free.extend(b.slot for b in freed)
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)
         if self.enable_events:

@@ -66,6 +66,19 @@ class ARCPolicy(EvictionPolicy):
             self._t1.add(key)
         self._trim_ghosts()
 
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        b1, b2 = self._b1, self._b2
+        if any(k in b1 or k in b2 for k in keys):
+            for key in keys:
+                self.add(key)
+        else:  # the common case: all new to T1, ghosts trimmed once
+            self._t1.add_all(keys)
+            self._trim_ghosts()
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None:
+        self._t1.release_all(keys)
+        self._t2.release_all(keys)
+
     def touch(self, key: BlockHash, reused: bool) -> None:
         if key in self._t1:
             if reused:

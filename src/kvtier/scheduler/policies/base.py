@@ -8,6 +8,8 @@ pins, slots, capacity, events — and tells the policy only what it needs:
   stored (recency only: that is not a second use).
 * ``remove(key)``: a block left without being evicted (its store failed).
 * ``release(key)``: a block that was held (storing or pinned) is evictable again.
+* ``add_all`` / ``release_all``: the same for a batch, in order (the manager calls
+  these; the base class loops, a policy may do better).
 * ``choose_victims(n, is_held, protected, incoming)``: pick ``n`` evictable blocks, or
   ``None`` if there are not enough. Nothing observable changes; the manager then
   calls ``evict(victims)`` to commit, so eviction is all or nothing.
@@ -49,6 +51,16 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def release(self, key: BlockHash) -> None:
         """A resident block that was held is evictable again."""
+
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        """``add`` each key, in order (a policy may do it faster)."""
+        for key in keys:
+            self.add(key)
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None:
+        """``release`` each key (a policy may do it faster)."""
+        for key in keys:
+            self.release(key)
 
     @abstractmethod
     def choose_victims(

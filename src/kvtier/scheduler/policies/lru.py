@@ -25,6 +25,12 @@ class LRUPolicy(EvictionPolicy):
     def add(self, key: BlockHash) -> None:
         self._list.add(key)
 
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        self._list.add_all(keys)
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None:
+        self._list.release_all(keys)
+
     def touch(self, key: BlockHash, reused: bool) -> None:
         self._list.touch(key)
 
@@ -49,5 +55,4 @@ class LRUPolicy(EvictionPolicy):
         return victims if len(victims) == n else None
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        for key in victims:
-            self._list.remove(key)
+        self._list.remove_all(victims)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Generator, Hashable, Iterator
+from collections.abc import Callable, Collection, Generator, Hashable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -50,6 +50,10 @@ class RecencyList(Generic[K]):
         """Add a new key as the most recent. The key must not be in the list."""
         self._order[key] = None
 
+    def add_all(self, keys: Sequence[K]) -> None:
+        """Add new keys, in order, as the most recent (none may be in the list)."""
+        self._order.update(dict.fromkeys(keys))
+
     def touch(self, key: K) -> None:
         """Make a key that is in the list the most recent."""
         if key in self._order:
@@ -65,11 +69,26 @@ class RecencyList(Generic[K]):
         else:
             del self._parked[key]
 
+    def remove_all(self, keys: Sequence[K]) -> None:
+        """``remove`` each key."""
+        order, parked = self._order, self._parked
+        for key in keys:
+            if key in order:
+                del order[key]
+            else:
+                del parked[key]
+
     def release(self, key: K) -> None:
         """Tell the list that ``key`` is evictable again (after being held)."""
         seq = self._parked.get(key)
         if seq is not None:
             heapq.heappush(self._released, (seq, key))
+
+    def release_all(self, keys: Sequence[K]) -> None:
+        """``release`` each key; nothing to do unless some key was parked."""
+        if self._parked:
+            for key in keys:
+                self.release(key)
 
     def evictable(
         self, is_held: Callable[[K], bool], protected: Collection[K]
