@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kvtier.errors import ConfigError, ProtocolError
@@ -48,7 +50,7 @@ def test_histories_grow_by_each_turn_and_its_answer() -> None:
     for conv in range(3):
         turns = [t for t in w.turns if t.conversation == conv]
         assert turns[0].history_tokens == 20
-        for prev, cur in zip(turns, turns[1:], strict=False):
+        for prev, cur in itertools.pairwise(turns):
             assert cur.history_tokens == prev.prompt_tokens + prev.answer_tokens
     finals = w.final_history_tokens()
     assert finals == [
