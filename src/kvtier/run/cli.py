@@ -2,7 +2,7 @@
 
 Runs in its own process, on the GPU when there is one, else on the CPU::
 
-    kvtier run                                   # defaults: 4 conversations x 8 turns
+    kvtier run                                   # defaults: 4 conversations x 9 turns
     kvtier run --configs none,cpu --turns 10 --json out.json --plot out.png
 
 Prints one line per turn while it runs (stderr), then TTFT (median, p90) per

@@ -27,6 +27,7 @@ def plot_ttft(runs: Sequence[ConfigRun], path: str | Path, title: str) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FormatStrFormatter, MaxNLocator
     except ImportError:
         raise ConfigError("--plot", "drawing needs matplotlib: pip install matplotlib") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -47,6 +48,10 @@ def plot_ttft(runs: Sequence[ConfigRun], path: str | Path, title: str) -> None:
             color=line.get_color(),
         )
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("turn index (history grows with each turn)")
     ax.set_ylabel("time to first token (s, log scale)")
     ax.set_title(title, fontsize=10)

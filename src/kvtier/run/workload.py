@@ -45,7 +45,7 @@ class WorkloadSpec:
     """
 
     conversations: int = 4
-    turns: int = 8
+    turns: int = 9
     system_tokens: int = 256
     user_tokens: tuple[int, int] = (100, 300)
     answer_tokens: tuple[int, int] = (16, 32)
