@@ -19,12 +19,21 @@ Keys (see ``docs/configuration.md``):
 ``store_policy``          when blocks are stored: ``"eager"`` (each block once it is
                           full, default), ``"on_evict"`` (when the GPU prefix cache
                           evicts it), ``"reuse"`` (only blocks seen before)
+``max_pending_writes``    write-through queue bound, blocks per secondary tier
+                          (default 1024; beyond it writes are skipped and counted)
+``disk_path``             directory of the disk tier (none: no disk tier)
+``disk_bytes_to_use``     the disk tier's hard byte capacity (required with a path)
+``disk_eviction_policy``  the disk tier's policy (default ``"lru"``)
+``disk_io_threads``       disk reads/writes in flight per direction (default 4)
+``disk_fsync``            fsync each block before it becomes visible (default false)
+``disk_direct_io``        ``"auto"`` (default), true or false
 ========================  =========================================================
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -94,6 +103,32 @@ def _choice(key: str, value: object, choices: list[str]) -> str:
     return value
 
 
+def _disk_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
+    path = raw.get("disk_path")
+    size = raw.get("disk_bytes_to_use")
+    if path is None:
+        if size is not None:
+            raise ConfigError("disk_bytes_to_use", "is set but disk_path is not; set both")
+        return {}
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ConfigError("disk_path", f"must be a directory path, got {path!r}")
+    if size is None:
+        raise ConfigError("disk_bytes_to_use", "is required with disk_path: the disk tier's size")
+    direct = raw.get("disk_direct_io", "auto")
+    if direct not in ("auto", True, False):
+        raise ConfigError("disk_direct_io", f"must be 'auto', true or false, got {direct!r}")
+    return {
+        "disk_path": os.fspath(path),
+        "disk_bytes_to_use": parse_bytes("disk_bytes_to_use", size),
+        "disk_eviction_policy": _choice(
+            "disk_eviction_policy", raw.get("disk_eviction_policy", "lru"), sorted(POLICIES)
+        ),
+        "disk_io_threads": _positive_int("disk_io_threads", raw.get("disk_io_threads", 4)),
+        "disk_fsync": _bool("disk_fsync", raw.get("disk_fsync", False)),
+        "disk_direct_io": None if direct == "auto" else direct,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class OffloadingConfig:
     """The validated offloading configuration. Build it with ``from_dict``."""
@@ -105,6 +140,13 @@ class OffloadingConfig:
     enable_events: bool = True
     hash_algorithm: str = "sha256"
     store_policy: str = "eager"
+    max_pending_writes: int = 1024
+    disk_path: str | None = None
+    disk_bytes_to_use: int | None = None
+    disk_eviction_policy: str = "lru"
+    disk_io_threads: int = 4
+    disk_fsync: bool = False
+    disk_direct_io: bool | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadingConfig:
@@ -139,6 +181,8 @@ class OffloadingConfig:
             enable_events=_bool("enable_events", get("enable_events")),
             hash_algorithm=_choice("hash_algorithm", get("hash_algorithm"), list(HASH_ALGORITHMS)),
             store_policy=_choice("store_policy", get("store_policy"), list(STORE_POLICIES)),
+            max_pending_writes=_positive_int("max_pending_writes", get("max_pending_writes")),
+            **_disk_keys(raw),
         )
 
     def num_cpu_blocks(self, bytes_per_block: int) -> int:

@@ -14,7 +14,8 @@ from kvtier.errors import ConfigError
 def test_results_dict_has_machine_config_and_cases() -> None:
     res = run_transfer_bench([8192], [1, 4], layers=1, ids=["random"], repeats=1, device="cpu")
     assert res["benchmark"] == "transfer"
-    assert {"platform", "cpu_count", "torch", "git_commit", "cuda_device"} <= set(res["machine"])
+    assert {"platform", "cpu_count", "torch", "device", "torch_threads"} <= set(res["machine"])
+    assert res["commit"]
     assert [(c["blocks"], c["job_bytes"]) for c in res["cases"]] == [(1, 16384), (4, 65536)]
     case = res["cases"][0]
     assert set(case["gbps"]) == {"plain", "g2c", "c2g", "both"}

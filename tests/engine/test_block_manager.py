@@ -8,23 +8,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvtier.blocks import BlockHash, BlockId
-from kvtier.engine.block_manager import BlockManager, block_keys
+from kvtier.engine.block_manager import BlockManager
 from kvtier.errors import ProtocolError
 
 
 def key(i: int) -> BlockHash:
     return BlockHash(i.to_bytes(4, "little"))
-
-
-def test_block_keys_chain_the_prefix() -> None:
-    a = block_keys([1, 2, 3, 4, 5, 6, 7], 2)
-    b = block_keys([1, 2, 3, 4, 9, 9], 2)
-    c = block_keys([0, 2, 3, 4], 2)
-    assert len(a) == 3 and len(b) == 3  # partial tails have no key
-    assert a[:2] == b[:2] and a[2] != b[2]
-    assert c[1] != a[1]  # same tokens, different prefix
-    assert all(len(k) == 32 for k in a)
-    assert block_keys([1], 2) == []
 
 
 def test_freed_blocks_stay_hits_until_evicted_lru() -> None:

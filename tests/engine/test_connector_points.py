@@ -117,6 +117,9 @@ class DictConnector:
             self.held.append(request.request_id)
         return self.hold_finished
 
+    def close(self) -> None:
+        return None
+
     def take_stats(self) -> OffloadStats:
         stats = OffloadStats(
             loaded_blocks=self.loaded, stored_blocks=self.stored, failed_loads=self.failed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtier.engine import LLM
+from kvtier.engine.connector_api import NoOpConnector
 from kvtier.errors import CapacityError, ConfigError
 
 BLOCK = 4
@@ -91,7 +92,8 @@ def test_one_token_prompt_and_block_aligned_prompts(tiny_model) -> None:
         ({"block_size": -1}, "block_size"),
         ({"block_size": 2.5}, "block_size"),
         ({"max_batch_size": True}, "max_batch_size"),
-        ({"offload": {"cpu_bytes_to_use": 1 << 30}}, "offload"),
+        ({"offload": "8GiB"}, "offload"),
+        ({"offload": {"cpu_bytes_to_use": 1 << 30}, "connector": NoOpConnector()}, "offload"),
         ({"connector": object()}, "connector"),
     ],
 )

@@ -78,3 +78,12 @@ def test_host_sizing_rejects(args, key) -> None:
     with pytest.raises(ConfigError) as info:
         host_sizing(*args)
     assert info.value.key == key
+
+
+def test_slab_rows_are_page_aligned_for_direct_io() -> None:
+    from kvtier.media.direct_io import ALIGNMENT, is_aligned
+
+    slab = HostSlab(3, 2 * ALIGNMENT, pin=False)
+    assert all(slab.block(i).data_ptr() % ALIGNMENT == 0 for i in range(3))
+    assert is_aligned(slab.block(1).numpy())
+    assert int(slab.tensor.sum()) == 0

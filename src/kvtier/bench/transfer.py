@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import re
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,6 +30,7 @@ from typing import Any
 
 import torch
 
+from kvtier.bench.report import git_commit, machine_info
 from kvtier.blocks import BlockId
 from kvtier.errors import ConfigError
 from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
@@ -165,24 +163,11 @@ def _one_case(
     }
 
 
-def machine_info(device: torch.device) -> dict[str, Any]:
-    """Platform, CPU count, torch version and GPU name (if any) of this machine."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-        "cuda_device": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-    }
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = "unknown"
-    info["git_commit"] = commit
+def device_info(device: torch.device) -> dict[str, Any]:
+    """This machine (``report.machine_info``) plus the device and torch's threads."""
+    info = machine_info()
+    info["device"] = str(device)
+    info["torch_threads"] = torch.get_num_threads()
     return info
 
 
@@ -234,7 +219,8 @@ def run_transfer_bench(
     return {
         "benchmark": "transfer",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine_info(dev),
+        "machine": device_info(dev),
+        "commit": git_commit(),
         "config": config,
         "cases": cases,
         "skipped": skipped,
@@ -315,7 +301,7 @@ def main(args: argparse.Namespace) -> int:
     machine = re.sub(
         r"[^A-Za-z0-9]+",
         "-",
-        info["cuda_device"] or f"cpu-{info['processor']}-{info['cpu_count']}c",
+        info.get("cuda_device") or f"cpu-{info['machine']}-{info['cpu_count']}c",
     )
     path = Path(args.out) / f"transfer-{machine}-{dt.date.today().isoformat()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

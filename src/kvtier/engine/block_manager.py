@@ -15,7 +15,6 @@ only full pages are ever hits. Pairs are "ask, then act": ``can_allocate`` then
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,26 +24,6 @@ from kvtier.errors import ProtocolError
 
 EvictCallback = Callable[[BlockHash, BlockId], None]
 """Told ``(key, block_id)`` when a cached page is evicted, before its memory is reused."""
-
-_ROOT_KEY = hashlib.sha256(b"kvtier.engine prefix cache v0").digest()
-
-
-def block_keys(token_ids: Sequence[int], block_size: int) -> list[BlockHash]:
-    """Prefix-chained keys of the full blocks of ``token_ids`` (a partial tail has none).
-
-    Key ``i`` is ``SHA-256(key[i-1] || tokens of block i as little-endian int64)``, so
-    it names the whole prefix up to the end of block ``i``. Engine-private for now;
-    ``kvtier.keys`` (model fingerprint, salts) replaces it.
-    """
-    keys: list[BlockHash] = []
-    parent = _ROOT_KEY
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        payload = b"".join(
-            int(t).to_bytes(8, "little", signed=True) for t in token_ids[start : start + block_size]
-        )
-        parent = hashlib.sha256(parent + payload).digest()
-        keys.append(BlockHash(parent))
-    return keys
 
 
 @dataclass(slots=True)

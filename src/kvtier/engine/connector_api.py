@@ -171,6 +171,10 @@ class Connector(Protocol):
         """Counters since the last call; the engine calls it at the end of ``generate``."""
         ...
 
+    def close(self) -> None:
+        """Finish the work in flight and release what the connector holds."""
+        ...
+
 
 class NoOpConnector:
     """No offloading: nothing is ever offloaded, loaded or stored."""
@@ -204,3 +208,6 @@ class NoOpConnector:
 
     def take_stats(self) -> OffloadStats:
         return OffloadStats()
+
+    def close(self) -> None:
+        return None

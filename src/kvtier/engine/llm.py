@@ -20,15 +20,19 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from kvtier.config import OffloadingConfig
 from kvtier.engine.block_manager import BlockManager
 from kvtier.engine.connector_api import Connector, NoOpConnector
 from kvtier.engine.kv_pool import KVLayout, KVPool
 from kvtier.engine.model_runner import ModelRunner
-from kvtier.engine.models import load_model
+from kvtier.engine.models import load_model, model_fingerprint
+from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.engine.request import Request
 from kvtier.engine.scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
+from kvtier.keys import BlockHasher
+from kvtier.spec import KVGeometry, OffloadingSpec
 
 _POLL_INTERVAL_S = 1e-4
 """Sleep between polls while every request waits on the connector."""
@@ -42,9 +46,11 @@ class LLM:
             a local Hugging Face checkpoint directory, or a model instance.
         num_gpu_blocks: pages in the KV pool (the GPU prefix cache's capacity).
         block_size: tokens per page.
-        offload: offloading configuration; only ``None`` (no offloading) for now.
+        offload: offloading configuration (``docs/configuration.md``), e.g.
+            ``{"cpu_bytes_to_use": "2GiB", "eviction_policy": "arc"}``; ``None``: no
+            offloading.
         connector: a ready-made offloading connector (see ``connector_api``), for
-            embedders and tests; ``offload`` will build one from configuration. It is
+            embedders and tests; ``offload`` builds one from configuration. It is
             given the pool's tensors (``register_kv_caches``) before any request.
         device: where the model runs (default: CUDA if available, else CPU). Ignored
             for a model instance, which runs where it is.
@@ -76,24 +82,39 @@ class LLM:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(key, f"must be a positive integer, got {value!r}")
-        if offload is not None:
-            raise ConfigError(
-                "offload", "offloading is not wired into the engine yet; pass offload=None"
-            )
+        if offload is not None and connector is not None:
+            raise ConfigError("offload", "give either offload or connector, not both")
         if connector is not None and not isinstance(connector, Connector):
             raise ConfigError("connector", f"{type(connector).__name__} is not a Connector")
-        connector = connector if connector is not None else NoOpConnector()
+        if offload is not None and not isinstance(offload, Mapping):
+            raise ConfigError(
+                "offload", f"must be a dict of offloading keys or None, got {offload!r}"
+            )
+        offload_config = OffloadingConfig.from_dict(offload) if offload is not None else None
         if isinstance(model, PreTrainedModel):
             self.model = model
             self.model.train(False)  # eval mode
         else:
             self.model = load_model(model, device=device, seed=seed)
-        self.pool = KVPool(
-            KVLayout.of_model(self.model), num_gpu_blocks, block_size, self.model.device
+        layout = KVLayout.of_model(self.model)
+        self.pool = KVPool(layout, num_gpu_blocks, block_size, self.model.device)
+        default_seed = seed if model is None else None
+        fingerprint = model_fingerprint(self.model, layout, block_size, default_seed)
+        hasher = BlockHasher(
+            fingerprint, offload_config.hash_algorithm if offload_config else "sha256"
         )
+        if offload_config is not None:
+            geometry = KVGeometry(block_size, self.pool.bytes_per_block, fingerprint)
+            connector = OffloadingConnector(OffloadingSpec(offload_config, geometry))
+        connector = connector if connector is not None else NoOpConnector()
         self.block_manager = BlockManager(num_gpu_blocks, on_evict=connector.on_gpu_evict)
         self.scheduler = Scheduler(
-            self.block_manager, connector, block_size, max_batch_size, prefill_chunk
+            self.block_manager,
+            connector,
+            block_size,
+            max_batch_size,
+            prefill_chunk,
+            hasher.hash_prompt,
         )
         self.runner = ModelRunner(self.model, self.pool)
         connector.register_kv_caches(self.pool.kv_caches, block_size)
@@ -139,6 +160,16 @@ class LLM:
             offload=self.connector.take_stats(),
         )
         return [list(r.output_token_ids) for r in requests]
+
+    def close(self) -> None:
+        """Let offloading finish its work in flight, then release its memory and files."""
+        self.connector.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _make_requests(
         self, prompt_token_ids: Sequence[Sequence[int]], max_new_tokens: int

@@ -13,6 +13,7 @@ CPU, then cast and moved).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from kvtier.engine.kv_pool import KVLayout
 from kvtier.errors import ConfigError
+from kvtier.keys import ModelFingerprint
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,3 +158,27 @@ def load_model(
     except (OSError, ValueError) as e:
         raise ConfigError("model", f"cannot load checkpoint {str(path)!r}: {e}") from e
     return place(model, dev, dt)
+
+
+def model_fingerprint(
+    model: PreTrainedModel, layout: KVLayout, block_size: int, seed: int | None
+) -> ModelFingerprint:
+    """The identity block keys and stored blocks are rooted in (``kvtier.keys``).
+
+    It names the model (its path or class, a digest of its config, and the weights
+    seed of the embedded default model), the KV dtype and layout, and the page size.
+    Two engines share offloaded blocks only when all of these match.
+    """
+    config = model.config
+    digest = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    name = getattr(config, "name_or_path", "") or type(model).__name__
+    model_id = f"{name}|config={digest}" + (f"|seed={seed}" if seed is not None else "")
+    return ModelFingerprint(
+        model_id=model_id,
+        dtype=str(layout.dtype).removeprefix("torch."),
+        kv_layout=(
+            f"(2,blocks,block_size,heads,head_dim) layers={layout.num_layers} "
+            f"kv_heads={layout.num_kv_heads} head_dim={layout.head_dim}"
+        ),
+        block_size=block_size,
+    )

@@ -26,11 +26,11 @@ decoding.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvtier.blocks import BlockHash
-from kvtier.engine.block_manager import BlockManager, block_keys
+from kvtier.engine.block_manager import BlockManager
 from kvtier.engine.connector_api import Connector, LoadState
 from kvtier.engine.model_runner import SeqInput
 from kvtier.engine.request import Request, RequestStatus
@@ -64,8 +64,10 @@ class Scheduler:
         block_size: int,
         max_batch_size: int,
         prefill_chunk: int,
+        hash_blocks: Callable[[Sequence[int]], list[BlockHash]],
     ) -> None:
         self.bm = block_manager
+        self.hash_blocks = hash_blocks
         self.connector = connector
         self.block_size = block_size
         self.max_batch_size = max_batch_size
@@ -177,7 +179,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) + len(self.loading) < self.max_batch_size:
             req = self.waiting[0]
-            keys = block_keys(req.all_token_ids, self.block_size)
+            keys = self.hash_blocks(req.all_token_ids)
             # At least the last token is always computed: its logits give the next one.
             max_hits = (req.num_tokens - 1) // self.block_size
             hits = self.bm.lookup(keys[:max_hits])
@@ -251,7 +253,7 @@ class Scheduler:
         if full <= req.num_committed_blocks:
             return
         if len(req.block_keys) < full:
-            req.block_keys = block_keys(req.all_token_ids, self.block_size)
+            req.block_keys = self.hash_blocks(req.all_token_ids)
         span = range(req.num_committed_blocks, full)
         # Only newly named pages go to the connector: a page whose key another page
         # already holds stays unnamed, and is reused without on_gpu_evict.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kvtier.errors import CapacityError, ConfigError, TransferError
+from kvtier.media.direct_io import aligned_empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,9 @@ class HostSlab:
         tensor: ``(num_blocks, page_bytes)`` uint8; row ``c`` is offloaded block ``c``.
         pinned: whether the memory is page-locked.
 
-    Contents start undefined: a block is only read after a store has written it.
+    Contents start zeroed; a block is only read after a store has written it. The slab
+    starts on a page boundary (rows are page-aligned when ``page_bytes`` is a multiple
+    of 4 KiB), which the disk tier's direct I/O needs.
     Call ``close()`` (or use ``with``) to unpin; the memory goes with the last reference.
     """
 
@@ -106,7 +109,11 @@ class HostSlab:
         pin = pinning_available() if pin is None else pin
         if pin and not pinning_available():
             raise ConfigError("pin", "cannot pin host memory without CUDA")
-        self.tensor = torch.empty((num_blocks, page_bytes), dtype=torch.uint8)
+        # One page-aligned anonymous mapping: rows of whole pages can then go to and
+        # from disk with O_DIRECT, and the kernel hands out zeroed pages on first touch.
+        self.tensor = torch.from_numpy(aligned_empty(num_blocks * page_bytes)).view(
+            num_blocks, page_bytes
+        )
         self.pinned = False
         if pin:
             err = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), self.nbytes, 0)  # type: ignore[no-untyped-call]

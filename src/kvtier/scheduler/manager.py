@@ -287,6 +287,37 @@ class TierManager:
         events, self._events = self._events, []
         return events
 
+    def restore(self, block_hashes: Sequence[BlockHash]) -> list[BlockId]:
+        """Adopt blocks a persistent medium already holds, coldest first, as READY.
+
+        For a tier rebuilt at start-up from what its medium recovered: the i-th key
+        gets slot ``i`` of an empty tier. No events are recorded (nothing moved).
+
+        Raises:
+            ProtocolError: the tier is not empty, or there are more keys than slots.
+        """
+        if self._blocks or len(block_hashes) > self.num_blocks:
+            raise ProtocolError(
+                f"restore: {len(block_hashes)} blocks into a tier of {self.num_blocks} "
+                f"holding {len(self._blocks)}"
+            )
+        slots = []
+        for key in dict.fromkeys(block_hashes):
+            slot = self._free.pop()
+            self._blocks[key] = _Block(slot, BlockState.READY)
+            self.policy.add(key)
+            slots.append(slot)
+        return slots
+
+    def count_seen(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Count a use of blocks for reuse-gated admission without a ``lookup``.
+
+        An engine calls it for blocks its own GPU prefix cache served: they were
+        reused, so with ``store_threshold`` they move closer to being stored.
+        """
+        if self.store_threshold > 1:
+            self._count_seen(block_hashes)
+
     # -- internals ------------------------------------------------------------------
 
     def _is_held(self, key: BlockHash) -> bool:

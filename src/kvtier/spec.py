@@ -1,0 +1,183 @@
+"""``OffloadingSpec``: one validated configuration builds both sides.
+
+The scheduler calls ``get_manager()`` (pure Python); each worker calls
+``get_worker(kv_caches)`` (imports torch). Sizes are derived here, once: how many
+offloaded blocks the CPU budget holds, how many block files the disk budget holds, and
+how many bytes each really takes.
+
+With a disk tier, the scheduler-side disk index is rebuilt from what the directory
+already holds (blocks of this model and block size only), coldest first, and the disk
+handlers are told which slot holds which key, so both sides agree. The reference
+engine runs both sides in one process, which opens the directory once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kvtier.blocks import Medium
+from kvtier.config import OffloadingConfig
+from kvtier.errors import ConfigError
+from kvtier.keys import ModelFingerprint, root_key
+from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
+from kvtier.scheduler.tiering import TieredManager
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvtier.media.disk import DiskStore
+    from kvtier.worker import OffloadingWorker
+
+
+@dataclass(frozen=True, slots=True)
+class KVGeometry:
+    """What the spec must know of the engine's KV cache.
+
+    Attributes:
+        gpu_block_size: tokens per GPU block (the engine's page).
+        page_bytes: bytes of one GPU block over every layer, K and V.
+        fingerprint: the model's identity (its ``block_size`` is the GPU block size).
+    """
+
+    gpu_block_size: int
+    page_bytes: int
+    fingerprint: ModelFingerprint
+
+
+class OffloadingSpec:
+    """Sizes, the manager and the worker for one configuration and one KV cache.
+
+    Args:
+        config: an ``OffloadingConfig`` or the raw mapping to validate.
+        geometry: the engine's KV cache geometry.
+
+    Raises:
+        ConfigError: a key is invalid for this engine (the message names it).
+    """
+
+    def __init__(self, config: OffloadingConfig | Mapping[str, Any], geometry: KVGeometry) -> None:
+        self.config = (
+            config if isinstance(config, OffloadingConfig) else OffloadingConfig.from_dict(config)
+        )
+        self.geometry = geometry
+        cfg, gpu_bs = self.config, geometry.gpu_block_size
+        if cfg.block_size % gpu_bs:
+            raise ConfigError(
+                "block_size",
+                f"{cfg.block_size} is not a multiple of the engine's block size {gpu_bs}",
+            )
+        self.block_size_factor = cfg.block_size // gpu_bs
+        if cfg.store_policy == "on_evict" and self.block_size_factor != 1:
+            raise ConfigError(
+                "store_policy",
+                "'on_evict' stores single GPU blocks as they are evicted, so block_size "
+                f"must equal the engine's block size {gpu_bs} (got {cfg.block_size})",
+            )
+        self.bytes_per_block = geometry.page_bytes * self.block_size_factor
+        self.num_cpu_blocks = cfg.num_cpu_blocks(self.bytes_per_block)
+        self.host_bytes = self.num_cpu_blocks * self.bytes_per_block
+        stored_fp = dataclasses.replace(geometry.fingerprint, block_size=cfg.block_size)
+        self.storage_fingerprint = bytes(root_key(stored_fp, cfg.hash_algorithm))
+        self.num_disk_blocks = 0
+        if cfg.disk_path is not None:
+            from kvtier.media.disk_layout import block_file_size
+
+            assert cfg.disk_bytes_to_use is not None
+            self.num_disk_blocks = cfg.disk_bytes_to_use // block_file_size(self.bytes_per_block)
+            if self.num_disk_blocks < 1:
+                raise ConfigError(
+                    "disk_bytes_to_use",
+                    f"holds no block file of {block_file_size(self.bytes_per_block)} bytes",
+                )
+        self._disk: DiskStore | None = None
+        self._disk_slot_keys: dict[int, bytes] = {}
+        self._workers: list[OffloadingWorker] = []
+
+    @property
+    def has_disk(self) -> bool:
+        return self.num_disk_blocks > 0
+
+    def get_manager(self) -> TierManager | TieredManager:
+        """The scheduler side: the CPU tier, with the disk tier behind it if configured."""
+        cfg = self.config
+        threshold = (
+            max(cfg.store_threshold, 2) if cfg.store_policy == "reuse" else (cfg.store_threshold)
+        )
+        cpu = CPUOffloadingManager(
+            num_blocks=self.num_cpu_blocks,
+            block_size=cfg.block_size,
+            eviction_policy=cfg.eviction_policy,
+            enable_events=cfg.enable_events,
+            store_threshold=threshold,
+        )
+        if not self.has_disk:
+            return cpu
+        disk = TierManager(
+            medium=Medium.DISK,
+            num_blocks=self.num_disk_blocks,
+            block_size=cfg.block_size,
+            policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
+            enable_events=cfg.enable_events,
+        )
+        recovered = [b.key for b in self.disk_store().recovered][-self.num_disk_blocks :]
+        slots = disk.restore(recovered)  # type: ignore[arg-type]
+        self._disk_slot_keys = dict(zip(slots, recovered, strict=True))
+        return TieredManager(cpu, [disk], max_pending_writes=cfg.max_pending_writes)
+
+    def disk_store(self) -> DiskStore:
+        """The disk tier's store, opened once (it locks its directory)."""
+        if self._disk is None:
+            from kvtier.media.disk import DiskStore
+
+            cfg = self.config
+            assert cfg.disk_path is not None and cfg.disk_bytes_to_use is not None
+            Path(cfg.disk_path).mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._disk = DiskStore.open(
+                cfg.disk_path,
+                self.storage_fingerprint,
+                cfg.disk_bytes_to_use,
+                fsync=cfg.disk_fsync,
+                direct_io=cfg.disk_direct_io,
+            )
+        return self._disk
+
+    def get_worker(self, kv_caches: Sequence[torch.Tensor]) -> OffloadingWorker:
+        """The worker side: GPU<->CPU handlers over a host slab, CPU<->disk if configured.
+
+        Call ``get_manager()`` first when there is a disk tier (it rebuilds the index
+        the disk handlers follow).
+        """
+        from kvtier.worker import CpuGpuOffloadingHandlers, OffloadingWorker
+
+        gpu = CpuGpuOffloadingHandlers(
+            kv_caches, self.geometry.gpu_block_size, self.config.block_size, self.num_cpu_blocks
+        )
+        worker = OffloadingWorker()
+        worker.register_handler(Medium.GPU, Medium.CPU, gpu.gpu_to_cpu_handler)
+        worker.register_handler(Medium.CPU, Medium.GPU, gpu.cpu_to_gpu_handler)
+        if self.has_disk:
+            from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
+
+            disk = CpuDiskOffloadingHandlers(
+                gpu.host_slab.tensor,
+                self.disk_store(),
+                io_threads=self.config.disk_io_threads,
+                slot_keys=self._disk_slot_keys,
+            )
+            worker.register_handler(Medium.CPU, Medium.DISK, disk.cpu_to_disk_handler)
+            worker.register_handler(Medium.DISK, Medium.CPU, disk.disk_to_cpu_handler)
+        self._workers.append(worker)
+        return worker
+
+    def shutdown(self) -> None:
+        """Finish queued jobs, stop the handlers, close the disk store."""
+        for worker in self._workers:
+            worker.shutdown()
+        self._workers.clear()
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
