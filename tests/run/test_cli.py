@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from kvtier import cli
+from kvtier.engine import LLM, NoOpConnector
 from kvtier.run import job
-from kvtier.run.job import Mismatch
+
+from .conftest import TINY
 
 TINY_ARGS = [
     "--conversations", "3", "--turns", "3", "--system-tokens", "40",
@@ -44,12 +46,26 @@ def test_writes_json_and_png_with_the_expected_keys(
     assert {"ttft_s", "prompt_tokens", "gpu_hit_tokens", "offload_hit_tokens", "loaded_blocks",
             "computed_tokens", "output_sha256_16"} <= none["turns"][0].keys()  # fmt: skip
     for name in ("cpu", "cpu+disk"):
-        assert configs[name]["skipped"] is not None or len(configs[name]["turns"]) == 9
+        assert configs[name]["skipped"] is None and len(configs[name]["turns"]) == 9
+        assert configs[name]["offload"]["cpu_bytes_to_use"] > 0
+        assert configs[name]["offload_totals"]["bytes_stored"] > 0
+    assert "disk_path" in configs["cpu+disk"]["offload"]
     png = (tmp_path / "out.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     printed = capsys.readouterr().out
     assert "none: late-turn TTFT median" in printed
     assert "too small to keep the conversations" in printed
+
+
+class _TamperedLLM(LLM):
+    """An engine that changes the last token of every answer when offloading is on."""
+
+    def generate(self, prompt_token_ids, max_new_tokens):  # type: ignore[no-untyped-def]
+        outputs = super().generate(prompt_token_ids, max_new_tokens)
+        if not isinstance(self.connector, NoOpConnector):
+            for out in outputs:
+                out[-1] = (out[-1] + 1) % TINY.vocab_size
+        return outputs
 
 
 def test_a_mismatch_is_loud_and_exits_1(
@@ -58,14 +74,15 @@ def test_a_mismatch_is_loud_and_exits_1(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def differ(runs):  # type: ignore[no-untyped-def]
-        return (Mismatch("cpu", "none", conversation=0, turn=1, position=2),)
-
-    monkeypatch.setattr(job, "compare_outputs", differ)
-    assert _run(tmp_path, tiny_checkpoint, "--configs", "none") == 1
-    assert "ERROR: 1 turn(s) generated different tokens" in capsys.readouterr().out
+    monkeypatch.setattr(job, "LLM", _TamperedLLM)
+    assert _run(tmp_path, tiny_checkpoint, "--configs", "none,cpu") == 1
+    printed = capsys.readouterr().out
+    assert "ERROR: 9 turn(s) generated different tokens" in printed
+    assert "cpu vs none: conversation 0 turn 0, first difference at output token" in printed
+    assert "OUTPUTS DIFFER" in printed
     doc = json.loads((tmp_path / "out.json").read_text())
     assert doc["results"]["outputs_identical"] is False
+    assert doc["results"]["mismatches"][0]["config"] == "cpu"
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from transformers import PreTrainedModel
 
 from kvtier.engine import LLM
-from kvtier.run.configs import Configuration
-from kvtier.run.job import ConfigRun, TurnResult, compare_outputs, run_job
+from kvtier.run.configs import Configuration, TierSizes, build_configurations
+from kvtier.run.job import ConfigRun, OffloadTotals, TurnResult, compare_outputs, run_job
 from kvtier.run.workload import Chat, generate_workload
 
 from .conftest import TINY, TINY_WORKLOAD
@@ -92,3 +93,31 @@ def test_runner_refuses_a_pool_too_small_for_a_turn(tiny_model: PreTrainedModel)
     workload = generate_workload(TINY_WORKLOAD, TINY.vocab_size)
     with pytest.raises(CapacityError):
         run_job(tiny_model, workload, [Configuration("none", None)], 2, BLOCK, None)
+
+
+def test_offloading_serves_late_turns_and_changes_no_token(
+    tiny_model: PreTrainedModel, tmp_path: Path
+) -> None:
+    workload = generate_workload(TINY_WORKLOAD, TINY.vocab_size)
+    block_bytes = 2 * TINY.num_layers * TINY.num_kv_heads * 16 * 4 * BLOCK  # 16 = head dim
+    kv_bytes = workload.distinct_tokens() // BLOCK * block_bytes
+    sizes = TierSizes(cpu_bytes_with_disk=24 * block_bytes)  # CPU too small: disk serves
+    configs = build_configurations(
+        ("none", "cpu", "cpu+disk"), kv_bytes, BLOCK, str(tmp_path / "disk"), sizes
+    )
+    assert all(c.skip_reason is None for c in configs)
+    runs = run_job(tiny_model, workload, configs, _pool(workload.max_request_tokens), BLOCK, None)
+    assert compare_outputs(runs) == ()
+    none, cpu, disk = runs
+    assert none.totals == OffloadTotals()
+    for run, tier in ((cpu, "CPU"), (disk, "DISK")):
+        assert run.totals.hit_blocks.get(tier, 0) > 0
+        assert run.totals.bytes_loaded > 0 and run.totals.bytes_stored > 0
+        assert run.totals.failed_loads == run.totals.failed_stores == 0
+        assert sum(t.loaded_blocks for t in run.turns) == run.totals.loaded_blocks
+        # Every prompt token is a GPU hit, an offloaded hit, or computed.
+        for t in run.turns:
+            offloaded = t.loaded_blocks * BLOCK
+            assert t.gpu_hit_tokens + offloaded + t.computed_tokens == t.prompt_tokens
+    # Offloaded hits replace computation: fewer prompt tokens computed than without.
+    assert sum(t.computed_tokens for t in cpu.turns) < sum(t.computed_tokens for t in none.turns)

@@ -28,7 +28,7 @@ NAMES = ("none", "cpu", "cpu+disk")
 """Every configuration ``kvtier run`` knows, in the order it runs them."""
 
 _DISK_KEYS = ("disk_path", "disk_bytes_to_use")
-_MIB = 2**20
+_KIB = 2**10
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +82,8 @@ def disk_tier_wired() -> bool:
     return all(key in known for key in _DISK_KEYS)
 
 
-def _round_mib(n: float) -> int:
-    return max(1, math.ceil(n / _MIB)) * _MIB
+def _round_kib(n: float) -> int:
+    return max(1, math.ceil(n / _KIB)) * _KIB
 
 
 def build_configurations(
@@ -113,9 +113,9 @@ def build_configurations(
         "eviction_policy": eviction_policy,
         "store_policy": store_policy,
     }
-    cpu_bytes = sizes.cpu_bytes or _round_mib(2 * kv_bytes)
-    small_cpu = sizes.cpu_bytes_with_disk or _round_mib(kv_bytes / 4)
-    disk_bytes = sizes.disk_bytes or _round_mib(2 * kv_bytes)
+    cpu_bytes = sizes.cpu_bytes or _round_kib(2 * kv_bytes)
+    small_cpu = sizes.cpu_bytes_with_disk or _round_kib(kv_bytes / 4)
+    disk_bytes = sizes.disk_bytes or _round_kib(2 * kv_bytes)
     out = []
     for name in names:
         if name == "none":

@@ -23,7 +23,6 @@ from typing import TextIO
 from transformers import PreTrainedModel
 
 from kvtier.engine import LLM, OffloadStats
-from kvtier.errors import ConfigError
 from kvtier.run.configs import Configuration
 from kvtier.run.workload import Chat, Turn, Workload
 
@@ -158,23 +157,6 @@ def compare_outputs(runs: Sequence[ConfigRun]) -> tuple[Mismatch, ...]:
     return tuple(out)
 
 
-def _build(
-    config: Configuration, model: PreTrainedModel, gpu_blocks: int, block_size: int
-) -> tuple[LLM | None, str | None]:
-    """A fresh engine for ``config``, or ``None`` and why it cannot run here."""
-    if config.skip_reason is not None:
-        return None, config.skip_reason
-    try:
-        llm = LLM(
-            model=model, num_gpu_blocks=gpu_blocks, block_size=block_size, offload=config.offload
-        )
-    except ConfigError as e:
-        if e.key != "offload":  # a bad size or policy: the user's to fix
-            raise
-        return None, f"the engine refuses it: {e}"
-    return llm, None
-
-
 def _turn_result(turn: Turn, llm: LLM, output: list[int], offload_block_size: int) -> TurnResult:
     stats = llm.last_stats
     assert stats is not None and len(stats.requests) == 1
@@ -213,17 +195,30 @@ def run_job(
         progress: where to write one line per turn (``None``: silent).
 
     Raises:
-        ConfigError: an engine rejects its configuration (other than not wired yet).
+        ConfigError: an engine rejects its configuration (the key names what to change).
         CapacityError: the largest turn does not fit in ``gpu_blocks`` pages.
     """
     engines: list[LLM | None] = []
-    reasons: list[str | None] = []
-    for config in configs:
-        llm, reason = _build(config, model, gpu_blocks, block_size)
-        engines.append(llm)
-        reasons.append(reason)
-        if reason is not None and progress is not None:
-            print(f"{config.name}: skipped ({reason})", file=progress)
+    try:
+        for config in configs:
+            engines.append(
+                None
+                if config.skip_reason is not None
+                else LLM(model, gpu_blocks, block_size, offload=config.offload)
+            )
+        return _run_turns(workload, configs, engines, progress)
+    finally:
+        for llm in engines:
+            if llm is not None:
+                llm.close()
+
+
+def _run_turns(
+    workload: Workload,
+    configs: Sequence[Configuration],
+    engines: Sequence[LLM | None],
+    progress: TextIO | None,
+) -> tuple[ConfigRun, ...]:
     warm = random.Random(0)
     for llm in engines:  # first calls pay one-time costs; too short to fill a page
         if llm is not None:
@@ -243,7 +238,7 @@ def run_job(
             output = llm.generate([prompt], max_new_tokens=turn.answer_tokens)[0]
             walls[i] += time.perf_counter() - start
             chats[i].record(turn, output)
-            offload_block = int((config.offload or {}).get("block_size", block_size))
+            offload_block = int((config.offload or {}).get("block_size", llm.pool.block_size))
             result = _turn_result(turn, llm, output, offload_block)
             assert llm.last_stats is not None
             totals[i] = totals[i].plus(llm.last_stats.offload)
@@ -258,8 +253,6 @@ def run_job(
             )
     return tuple(
         ConfigRun(config, tuple(results[i]), totals[i], walls[i])
-        if reasons[i] is None
-        else ConfigRun(Configuration(config.name, config.offload, reasons[i]))
         for i, config in enumerate(configs)
     )
 
