@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     e.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     e.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="model and KV dtype (default: float32 on CPU, bf16 on GPU; see docs/run.md)",
+    )
+    e.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -193,7 +198,8 @@ def _main(args: argparse.Namespace) -> int:
     from kvtier.engine.kv_pool import KVLayout
 
     torch.set_num_threads(args.threads)
-    model = load_model(args.model, device=args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model = load_model(args.model, device=args.device, dtype=dtype)
     workload = generate_workload(spec, model.config.get_text_config().vocab_size)
     layout = KVLayout.of_model(model)
     elem = torch.empty((), dtype=layout.dtype).element_size()
@@ -227,22 +233,6 @@ def _main(args: argparse.Namespace) -> int:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _describe(workload: Workload, gpu_blocks: int, block_size: int, kv_bytes: int) -> str:
-    spec = workload.spec
-    finals = workload.final_history_tokens()
-    pool_tokens = gpu_blocks * block_size
-    keeps = "too small to keep" if pool_tokens < sum(finals) else "WARNING: big enough to keep"
-    return (
-        f"workload: {spec.conversations} conversations x {spec.turns} turns, system prompt "
-        f"{spec.system_tokens} tokens, user {spec.user_tokens[0]}-{spec.user_tokens[1]}, "
-        f"answers {spec.answer_tokens[0]}-{spec.answer_tokens[1]}, seed {spec.seed}; "
-        f"prompts up to {max(t.prompt_tokens for t in workload.turns)} tokens\n"
-        f"GPU pool: {gpu_blocks} pages x {block_size} tokens = {pool_tokens} tokens: holds the "
-        f"largest turn ({workload.max_request_tokens} tokens), {keeps} the conversations "
-        f"({sum(finals)} tokens at the end); workload KV {kv_bytes / 2**20:.1f} MiB"
-    )
-
-
 def _run_and_report(
     args: argparse.Namespace,
     model: PreTrainedModel,
@@ -256,13 +246,13 @@ def _run_and_report(
 
     from kvtier.run.job import compare_outputs, run_job
     from kvtier.run.plot import plot_ttft
-    from kvtier.run.report import format_report, summarize, to_json
+    from kvtier.run.report import describe_setup, format_report, summarize, to_json
 
     print(
         f"model: {args.model or 'embedded default'} on {model.device} ({model.dtype}), "
         f"{torch.get_num_threads()} thread(s)"
     )
-    print(_describe(workload, gpu_blocks, args.block_size, kv_bytes))
+    print(describe_setup(workload, gpu_blocks, args.block_size, kv_bytes))
     for c in configs:
         shown = "no offloading" if c.offload is None else dict(c.offload)
         print(

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvtier.run.job import ConfigRun, Mismatch, OffloadTotals
+from kvtier.run.workload import Workload
 
 BASELINE = "none"
 
@@ -111,6 +112,23 @@ def summarize(run: ConfigRun, late_turn: int) -> Summary:
         computed_tokens=sum(t.computed_tokens for t in turns),
         totals=run.totals,
         wall_s=run.wall_s,
+    )
+
+
+def describe_setup(workload: Workload, gpu_blocks: int, block_size: int, kv_bytes: int) -> str:
+    """The workload and the GPU pool, and whether the pool can keep the conversations."""
+    spec = workload.spec
+    finals = workload.final_history_tokens()
+    pool_tokens = gpu_blocks * block_size
+    keeps = "too small to keep" if pool_tokens < sum(finals) else "WARNING: big enough to keep"
+    return (
+        f"workload: {spec.conversations} conversations x {spec.turns} turns, system prompt "
+        f"{spec.system_tokens} tokens, user {spec.user_tokens[0]}-{spec.user_tokens[1]}, "
+        f"answers {spec.answer_tokens[0]}-{spec.answer_tokens[1]}, seed {spec.seed}; "
+        f"prompts up to {max(t.prompt_tokens for t in workload.turns)} tokens\n"
+        f"GPU pool: {gpu_blocks} pages x {block_size} tokens = {pool_tokens} tokens: holds the "
+        f"largest turn ({workload.max_request_tokens} tokens), {keeps} the conversations "
+        f"({sum(finals)} tokens at the end); workload KV {kv_bytes / 2**20:.1f} MiB"
     )
 
 
