@@ -104,7 +104,7 @@ def build_configurations(
         disk_path: the disk tier's directory (``cpu+disk`` only).
         sizes: byte budgets given by the user; missing ones (or ``None``) are derived
             from ``kv_bytes``.
-        eviction_policy: every tier's eviction policy.
+        eviction_policy: every tier's eviction policy (CPU and disk).
         store_policy: when blocks are stored (``eager``, ``on_evict``, ``reuse``).
     """
     sizes = sizes or TierSizes()
@@ -128,6 +128,7 @@ def build_configurations(
                 **common,
                 "disk_path": disk_path,
                 "disk_bytes_to_use": disk_bytes,
+                "disk_eviction_policy": eviction_policy,
             }
             reason = None if disk_tier_wired() else "disk tier not wired yet"
             out.append(Configuration(name, offload, reason))
