@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 # name -> (module, one-line help). Nested groups (``bench``) map to a dict.
 COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
+    "run": ("kvtier.run.cli", "the main job: multi-turn chat TTFT with and without offloading"),
     "bench": {
         "manager": ("kvtier.bench.manager", "per-block cost of the scheduler-side manager"),
         "transfer": ("kvtier.bench.transfer", "GPU<->CPU handler bandwidth against a plain copy"),

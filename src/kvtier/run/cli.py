@@ -1,0 +1,289 @@
+"""``kvtier run``: the main job — multi-turn chat with and without offloading, side by side.
+
+Runs in its own process, on the GPU when there is one, else on the CPU::
+
+    kvtier run                                   # defaults: 4 conversations x 9 turns
+    kvtier run --configs none,cpu --turns 10 --json out.json --plot out.png
+
+Prints one line per turn while it runs (stderr), then TTFT (median, p90) per
+configuration, speedups against no offloading, hit ratios per tier and bytes moved;
+writes a JSON result (``benchmarks/results/run-<host>-<time>.json`` by default) and a
+PNG of TTFT by turn next to it. Exits 1 when offloading changed any generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtier.bench.report import default_path, write_result
+from kvtier.config import STORE_POLICIES, parse_bytes
+from kvtier.errors import ConfigError, KvtierError
+from kvtier.run.configs import NAMES, Configuration, TierSizes, build_configurations, parse_names
+from kvtier.run.workload import Workload, WorkloadSpec, generate_workload
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+POOL_HEADROOM = 1.25
+"""Default GPU pool: this many times the pages of the largest turn (prompt + answer)."""
+
+
+def _range(option: str, text: str) -> tuple[int, int]:
+    """``"100-300"`` -> ``(100, 300)``; ``"200"`` -> ``(200, 200)``."""
+    lo, sep, hi = text.partition("-")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
+    except ValueError:
+        raise ConfigError(option, f"expected N or MIN-MAX, got {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``kvtier run`` to ``parser``."""
+    d = WorkloadSpec()
+    w = parser.add_argument_group("workload")
+    w.add_argument(
+        "--conversations",
+        type=int,
+        default=d.conversations,
+        help="conversations sharing one system prompt (default: %(default)s)",
+    )
+    w.add_argument(
+        "--turns", type=int, default=d.turns, help="turns per conversation (default: %(default)s)"
+    )
+    w.add_argument(
+        "--system-tokens",
+        type=int,
+        default=d.system_tokens,
+        help="tokens of the shared system prompt (default: %(default)s)",
+    )
+    w.add_argument(
+        "--user-tokens",
+        default=f"{d.user_tokens[0]}-{d.user_tokens[1]}",
+        metavar="MIN-MAX",
+        help="tokens of each new user message (default: %(default)s)",
+    )
+    w.add_argument(
+        "--answer-tokens",
+        default=f"{d.answer_tokens[0]}-{d.answer_tokens[1]}",
+        metavar="MIN-MAX",
+        help="tokens generated per turn (default: %(default)s)",
+    )
+    w.add_argument("--seed", type=int, default=d.seed, help="workload seed (default: 0)")
+    e = parser.add_argument_group("engine")
+    e.add_argument(
+        "--model",
+        type=Path,
+        metavar="PATH",
+        help="local Hugging Face checkpoint (default: the embedded model)",
+    )
+    e.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    e.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="model and KV dtype (default: float32 on CPU, bf16 on GPU; see docs/run.md)",
+    )
+    e.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default: 1; see docs/run.md)",
+    )
+    e.add_argument(
+        "--gpu-blocks",
+        type=int,
+        metavar="N",
+        help=f"GPU pool pages (default: {POOL_HEADROOM}x the largest turn, "
+        "too small to keep the conversations)",
+    )
+    e.add_argument("--block-size", type=int, default=16, help="tokens per page (default: 16)")
+    o = parser.add_argument_group("offloading")
+    o.add_argument(
+        "--configs",
+        default=",".join(NAMES),
+        help="configurations to compare (default: %(default)s)",
+    )
+    o.add_argument("--cpu-bytes", help="CPU tier of 'cpu' (default: 2x the workload's KV)")
+    o.add_argument(
+        "--cpu-bytes-with-disk",
+        help="CPU tier of 'cpu+disk' (default: a quarter of the workload's KV)",
+    )
+    o.add_argument("--disk-bytes", help="disk tier of 'cpu+disk' (default: 2x the KV)")
+    o.add_argument(
+        "--disk-path",
+        type=Path,
+        help="disk tier directory (default: a temporary one, removed after)",
+    )
+    o.add_argument("--eviction-policy", default="lru", help="tiers' policy (default: lru)")
+    o.add_argument(
+        "--store-policy",
+        default="eager",
+        choices=STORE_POLICIES,
+        help="when blocks are stored (default: eager)",
+    )
+    r = parser.add_argument_group("report")
+    r.add_argument(
+        "--late-turn",
+        type=int,
+        metavar="K",
+        help="turns with index >= K count as late (default: turns // 2)",
+    )
+    r.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="results file (default: benchmarks/results/run-<host>-<time>.json)",
+    )
+    r.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="TTFT-by-turn plot (default: the JSON path with .png)",
+    )
+    r.add_argument("--no-progress", action="store_true", help="no per-turn lines on stderr")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the job; 0 when every configuration produced the same tokens, 1 otherwise."""
+    try:
+        return _main(args)
+    except KvtierError as e:
+        print(f"kvtier run: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _bytes(option: str, value: str | None) -> int | None:
+    return None if value is None else parse_bytes(option, value)
+
+
+def default_gpu_blocks(workload: Workload, block_size: int) -> int:
+    """``POOL_HEADROOM`` times the pages of the largest turn."""
+    return math.ceil(POOL_HEADROOM * math.ceil(workload.max_request_tokens / block_size))
+
+
+def _main(args: argparse.Namespace) -> int:
+    spec = WorkloadSpec(
+        conversations=args.conversations,
+        turns=args.turns,
+        system_tokens=args.system_tokens,
+        user_tokens=_range("--user-tokens", args.user_tokens),
+        answer_tokens=_range("--answer-tokens", args.answer_tokens),
+        seed=args.seed,
+    )
+    names = parse_names(args.configs)
+    sizes = TierSizes(
+        cpu_bytes=_bytes("--cpu-bytes", args.cpu_bytes),
+        cpu_bytes_with_disk=_bytes("--cpu-bytes-with-disk", args.cpu_bytes_with_disk),
+        disk_bytes=_bytes("--disk-bytes", args.disk_bytes),
+    )
+    if args.threads < 1:
+        raise ConfigError("--threads", f"must be >= 1, got {args.threads}")
+    if args.block_size < 1:
+        raise ConfigError("--block-size", f"must be >= 1, got {args.block_size}")
+    late_turn = spec.turns // 2 if args.late_turn is None else args.late_turn
+    if not 0 <= late_turn < spec.turns:
+        raise ConfigError("--late-turn", f"must be in 0..{spec.turns - 1}, got {late_turn}")
+
+    import torch  # only now: the option errors above come without torch's start-up cost
+
+    from kvtier.engine import load_model
+    from kvtier.engine.kv_pool import KVLayout
+
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model = load_model(args.model, device=args.device, dtype=dtype)
+    workload = generate_workload(spec, model.config.get_text_config().vocab_size)
+    layout = KVLayout.of_model(model)
+    elem = torch.empty((), dtype=layout.dtype).element_size()
+    kv_per_token = 2 * layout.num_layers * layout.num_kv_heads * layout.head_dim * elem
+    kv_bytes = workload.distinct_tokens() * kv_per_token
+    needed = math.ceil(workload.max_request_tokens / args.block_size)
+    gpu_blocks = args.gpu_blocks or default_gpu_blocks(workload, args.block_size)
+    if gpu_blocks < needed:
+        raise ConfigError(
+            "--gpu-blocks",
+            f"{gpu_blocks} pages cannot hold the largest turn "
+            f"({workload.max_request_tokens} tokens = {needed} pages); give at least {needed}",
+        )
+    temp_dir = None
+    disk_path = args.disk_path
+    if disk_path is None and "cpu+disk" in names:
+        temp_dir = disk_path = Path(tempfile.mkdtemp(prefix="kvtier-run-"))
+    try:
+        configs = build_configurations(
+            names,
+            kv_bytes,
+            args.block_size,
+            str(disk_path),
+            sizes,
+            args.eviction_policy,
+            args.store_policy,
+        )
+        return _run_and_report(args, model, workload, configs, gpu_blocks, kv_bytes, late_turn)
+    finally:
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _run_and_report(
+    args: argparse.Namespace,
+    model: PreTrainedModel,
+    workload: Workload,
+    configs: Sequence[Configuration],
+    gpu_blocks: int,
+    kv_bytes: int,
+    late_turn: int,
+) -> int:
+    import torch
+
+    from kvtier.run.job import compare_outputs, run_job
+    from kvtier.run.plot import plot_ttft
+    from kvtier.run.report import describe_setup, format_report, summarize, to_json
+
+    print(
+        f"model: {args.model or 'embedded default'} on {model.device} ({model.dtype}), "
+        f"{torch.get_num_threads()} thread(s)"
+    )
+    print(describe_setup(workload, gpu_blocks, args.block_size, kv_bytes))
+    for c in configs:
+        shown = "no offloading" if c.offload is None else dict(c.offload)
+        print(
+            f"config {c.name}: {shown}" + (f" -- skipped: {c.skip_reason}" if c.skip_reason else "")
+        )
+    sys.stdout.flush()
+    progress = None if args.no_progress else sys.stderr
+    runs = run_job(model, workload, configs, gpu_blocks, args.block_size, progress)
+    mismatches = compare_outputs(runs)
+    summaries = [summarize(run, late_turn) for run in runs]
+    history: dict[int, list[int]] = {}
+    for t in workload.turns:
+        history.setdefault(t.index, []).append(t.history_tokens)
+    history_by_turn = {i: round(statistics.median(v)) for i, v in history.items()}
+    print()
+    print(format_report(summaries, mismatches, late_turn, history_by_turn))
+    config = {
+        "workload": {k: getattr(workload.spec, k) for k in workload.spec.__dataclass_fields__},
+        "model": str(args.model) if args.model else "embedded default",
+        "device": str(model.device),
+        "dtype": str(model.dtype),
+        "threads": torch.get_num_threads(),
+        "gpu_blocks": gpu_blocks,
+        "block_size": args.block_size,
+        "late_turn": late_turn,
+        "workload_kv_bytes": kv_bytes,
+        "configurations": {c.name: dict(c.offload) if c.offload else None for c in configs},
+    }
+    json_path = args.json or default_path("run")
+    path = write_result("run", config, to_json(runs, summaries, mismatches), json_path)
+    plot_path = args.plot or path.with_suffix(".png")
+    plot_ttft(runs, plot_path, f"kvtier run: TTFT by turn ({platform.node()})")
+    print(f"wrote {path} and {plot_path}")
+    return 1 if mismatches else 0
