@@ -226,3 +226,21 @@ def test_bad_offload_configuration_names_the_key(
     with pytest.raises(ConfigError) as err:
         LLM(model=tiny_model, num_gpu_blocks=8, block_size=PAGE, offload=offload)
     assert err.value.key == key
+
+
+def test_stores_that_do_not_fit_are_counted_and_the_head_is_kept(
+    tiny_model: Any, baseline: list[list[int]]
+) -> None:
+    # A CPU tier of 8 blocks, prompts of up to 30 pages: the leading blocks that fit
+    # are stored, the rest are counted as refused, and the tokens do not change.
+    cfg = {"cpu_bytes_to_use": 8 * 2048, "block_size": PAGE}
+    llm = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=cfg)
+    outs, refused, stored = [], 0, 0
+    for p in chats():
+        outs += llm.generate([p], max_new_tokens=4)
+        assert llm.last_stats is not None
+        refused += llm.last_stats.offload.refused_stores
+        stored += llm.last_stats.offload.stored_blocks
+    close(llm)
+    assert outs == baseline
+    assert refused > 0 and stored > 0

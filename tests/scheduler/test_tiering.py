@@ -153,3 +153,14 @@ def test_events_name_their_medium() -> None:
 def test_queue_bound_is_validated() -> None:
     with pytest.raises(Exception, match="max_pending_writes"):
         tiered(queue=0)
+
+
+def test_blocks_held_on_disk_are_not_stored_into_cpu_again() -> None:
+    # An eager engine stores a block again once the CPU tier evicted it; with the
+    # block still on disk that copy is wasted: it is promoted when it is needed.
+    t = tiered(cpu=2, disk=4)
+    store(t, keys(1, 2))
+    write_through(t)
+    store(t, keys(3, 4))  # 1 and 2 leave the CPU tier, stay on disk
+    out = t.prepare_store(keys(1, 2, 5))
+    assert out is not None and out.block_hashes_to_store == tuple(keys(5))

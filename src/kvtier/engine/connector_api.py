@@ -92,6 +92,9 @@ class OffloadStats:
         bytes_stored: bytes moved out of GPU pages.
         failed_loads: blocks whose load failed (recomputed).
         failed_stores: blocks whose store failed.
+        refused_stores: blocks not stored because the tier could not make room.
+        refused_loads: offloaded hits not loaded because the CPU tier could not make
+            room to promote them from a secondary tier (recomputed; nothing failed).
     """
 
     hit_blocks: Mapping[Medium, int] = field(default_factory=dict)
@@ -101,6 +104,8 @@ class OffloadStats:
     bytes_stored: int = 0
     failed_loads: int = 0
     failed_stores: int = 0
+    refused_stores: int = 0
+    refused_loads: int = 0
 
 
 @runtime_checkable

@@ -58,6 +58,7 @@ class _Load:
     skip: int
     from_secondary: dict[Medium, int] = field(default_factory=dict)
     promotions: set[int] = field(default_factory=set)
+    failed: int = 0  # blocks whose promotion failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,12 +204,14 @@ class OffloadingConnector:
     ) -> int | None:
         # All or nothing per call: when the whole run does not fit now, store the
         # longest leading part that does (a prefix's head is worth the most).
+        wanted = len(keys)
         out = self.manager.prepare_store(keys)
         while out is None and len(keys) > 1:
             keys = keys[: len(keys) // 2]
             out = self.manager.prepare_store(keys)
+        self._stats.refused_stores += wanted - (len(keys) if out is not None else 0)
         if out is None or not out.block_hashes_to_store:
-            return None  # no room now (counted by the manager), or nothing new
+            return None  # no room now, or nothing new
         gpu_ids = [b for key in out.block_hashes_to_store for b in gpu_of[key]]
         job = _Job(_Kind.STORE, out.block_hashes_to_store, request_id=rid)
         if rid is not None:
@@ -217,7 +220,11 @@ class OffloadingConnector:
 
     def _start_promotions(self, load: _Load) -> None:
         assert isinstance(self.manager, TieredManager)
-        jobs = self.manager.prepare_promotion(load.block_keys)
+        keys = load.block_keys
+        jobs = self.manager.prepare_promotion(keys)
+        while jobs is None and len(keys) > 1:  # promote the longest head that fits
+            keys = keys[: len(keys) // 2]
+            jobs = self.manager.prepare_promotion(keys)
         if jobs is None:  # the CPU tier cannot make room: load what it holds
             return
         for tier_job in jobs:
@@ -235,8 +242,8 @@ class OffloadingConnector:
                 break
             ready += 1
         pages = min(ready * self.f - load.skip, load.handle.num_blocks) if ready else 0
+        self._stats.refused_loads += max(0, len(load.block_keys) - ready - load.failed)
         if pages <= 0:
-            self._stats.failed_loads += len(load.block_keys)
             load.handle.complete(0)
             return
         keys = load.block_keys[:ready]
@@ -265,10 +272,9 @@ class OffloadingConnector:
                 for medium, count in load.from_secondary.items():
                     s.hit(medium, count)
                 s.hit(self.primary.medium, n - promoted)
-                s.failed_loads += len(load.block_keys) - n
                 load.handle.complete(pages)
             else:
-                s.failed_loads += len(load.block_keys)
+                s.failed_loads += n
                 load.handle.complete(0)
         elif job.kind is _Kind.STORE:
             self.manager.complete_store(job.block_hashes, success=ok)
@@ -290,6 +296,8 @@ class OffloadingConnector:
             self.manager.complete_promotion(job.tier_job, ok)
             job.load.promotions.discard(result.job_id)
             if not ok:
+                s.failed_loads += n
+                job.load.failed += n
                 job.load.from_secondary.clear()
             if not job.load.promotions:
                 self._submit_load(job.load)
@@ -304,7 +312,7 @@ class _Counters:
     def __init__(self) -> None:
         self.hits: dict[Medium, int] = {}
         self.loaded_blocks = self.stored_blocks = self.bytes_loaded = self.bytes_stored = 0
-        self.failed_loads = self.failed_stores = 0
+        self.failed_loads = self.failed_stores = self.refused_stores = self.refused_loads = 0
 
     def hit(self, medium: Medium, n: int) -> None:
         if n:
@@ -319,4 +327,6 @@ class _Counters:
             bytes_stored=self.bytes_stored,
             failed_loads=self.failed_loads,
             failed_stores=self.failed_stores,
+            refused_stores=self.refused_stores,
+            refused_loads=self.refused_loads,
         )

@@ -133,7 +133,16 @@ class TieredManager:
             tier.touch(block_hashes)
 
     def prepare_store(self, block_hashes: Sequence[BlockHash]) -> PrepareStoreOutput | None:
-        return self.primary.prepare_store(block_hashes)
+        """Store into the primary the keys no tier holds yet.
+
+        A key READY in a secondary tier is left out: it is promoted when it is needed,
+        so copying it out of the GPU again would only cost bandwidth and CPU room.
+        """
+        secondaries = self.secondaries
+        keys = [
+            k for k in block_hashes if not any(t.state(k) is BlockState.READY for t in secondaries)
+        ]
+        return self.primary.prepare_store(keys)
 
     def complete_store(self, block_hashes: Sequence[BlockHash], success: bool = True) -> None:
         """Complete a store into the primary and queue the new blocks for write-through."""
