@@ -188,3 +188,16 @@ def test_bad_arguments_name_the_key(policy: str) -> None:
         CPUOffloadingManager(num_blocks=4, block_size=16, store_threshold=-1)
     with pytest.raises(ConfigError, match="eviction_policy"):
         CPUOffloadingManager(num_blocks=4, block_size=16, eviction_policy="mru")
+
+
+def test_discard_drops_only_ready_unpinned_blocks(policy: str) -> None:
+    m = make(policy, enable_events=True)
+    store(m, keys(1, 2))
+    m.prepare_load(keys(2))
+    assert m.prepare_store(keys(3)) is not None
+    list(m.take_events())
+    assert m.discard(keys(1, 2, 3, 9)) == keys(1)
+    assert keys(1)[0] not in m and m.pins(keys(2)[0]) == 1 and keys(3)[0] in m
+    assert m.num_free == 2
+    (event,) = m.take_events()
+    assert event.removed and event.block_hashes == tuple(keys(1))

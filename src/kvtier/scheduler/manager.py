@@ -308,6 +308,30 @@ class TierManager:
             slots.append(slot)
         return slots
 
+    def discard(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """Drop READY, unpinned blocks whose bytes turned out bad or gone.
+
+        For a tier whose medium reported a block unreadable (failed verification, file
+        missing): keeping it would make every later lookup count a block that cannot be
+        loaded. Absent, pinned or STORING keys are left as they are. Returns the keys
+        dropped (recorded as removed events).
+        """
+        gone = [
+            k
+            for k in dict.fromkeys(block_hashes)
+            if (blk := self._blocks.get(k)) is not None
+            and blk.state is BlockState.READY
+            and blk.pins == 0
+        ]
+        for key in gone:
+            self._free.append(self._blocks.pop(key).slot)
+            self.policy.remove(key)
+        if gone and self.enable_events:
+            self._events.append(
+                OffloadingEvent(tuple(gone), self.block_size, self.medium, removed=True)
+            )
+        return gone
+
     def count_seen(self, block_hashes: Sequence[BlockHash]) -> None:
         """Count a use of blocks for reuse-gated admission without a ``lookup``.
 

@@ -194,10 +194,13 @@ class TieredManager:
         return jobs
 
     def complete_promotion(self, job: TierJob, success: bool) -> None:
-        """Close a promotion job: the blocks are READY in the primary, or dropped there."""
+        """Close a promotion job: the blocks are READY in the primary, or dropped there
+        and from the secondary tier that could not deliver them."""
         tier = self._tier(job.src)
         tier.complete_load(job.block_hashes)
         self.primary.complete_store(job.block_hashes, success)
+        if not success:  # unreadable there (bad checksum, file gone): a miss from now on
+            tier.discard(job.block_hashes)
         key = "promotions" if success else "promotion_failures"
         self._n[key] += len(job.block_hashes)
 
