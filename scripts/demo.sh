@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-exec kvtier simulate --sweep 1%,5%,10%,25%,50% --policy lru --policy arc --policy slru --json benchmarks/results/demo-simulate.json --plot benchmarks/results/demo-simulate.png "$@"
+exec kvtier run "$@"
