@@ -244,3 +244,13 @@ def test_stores_that_do_not_fit_are_counted_and_the_head_is_kept(
     close(llm)
     assert outs == baseline
     assert refused > 0 and stored > 0
+
+
+def test_offload_stats_add_up_per_tier() -> None:
+    from kvtier.engine.connector_api import OffloadStats
+
+    a = OffloadStats(hit_blocks={Medium.CPU: 2}, loaded_blocks=2, refused_stores=1)
+    b = OffloadStats(hit_blocks={Medium.CPU: 1, Medium.DISK: 4}, loaded_blocks=5)
+    total = a + b
+    assert total.hit_blocks == {Medium.CPU: 3, Medium.DISK: 4}
+    assert (total.loaded_blocks, total.refused_stores, total.failed_loads) == (7, 1, 0)

@@ -9,8 +9,9 @@ import pytest
 from transformers import PreTrainedModel
 
 from kvtier.engine import LLM
+from kvtier.engine.connector_api import OffloadStats
 from kvtier.run.configs import Configuration, TierSizes, build_configurations
-from kvtier.run.job import ConfigRun, OffloadTotals, TurnResult, compare_outputs, run_job
+from kvtier.run.job import ConfigRun, TurnResult, compare_outputs, run_job
 from kvtier.run.workload import Chat, generate_workload
 
 from .conftest import TINY, TINY_WORKLOAD
@@ -109,7 +110,7 @@ def test_offloading_serves_late_turns_and_changes_no_token(
     runs = run_job(tiny_model, workload, configs, _pool(workload.max_request_tokens), BLOCK, None)
     assert compare_outputs(runs) == ()
     none, cpu, disk = runs
-    assert none.totals == OffloadTotals()
+    assert none.totals == OffloadStats()
     for run, tier in ((cpu, "CPU"), (disk, "DISK")):
         assert run.totals.hit_blocks.get(tier, 0) > 0
         assert run.totals.bytes_loaded > 0 and run.totals.bytes_stored > 0

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from kvtier.engine.connector_api import OffloadStats
 from kvtier.run.configs import Configuration
-from kvtier.run.job import ConfigRun, Mismatch, OffloadTotals, TurnResult
+from kvtier.run.job import ConfigRun, Mismatch, TurnResult
 from kvtier.run.report import TTFT, format_report, percentile, speedup, summarize, to_json
 
 
@@ -56,7 +57,7 @@ NONE = ConfigRun(
 CPU = ConfigRun(
     Configuration("cpu", {"cpu_bytes_to_use": 1 << 20}),
     tuple(_turn(c, i, t, gpu=16, cpu=64) for i, t in enumerate([1.0, 0.4, 0.6]) for c in (0, 1)),
-    OffloadTotals(
+    OffloadStats(
         hit_blocks={"CPU": 16},
         loaded_blocks=16,
         stored_blocks=30,

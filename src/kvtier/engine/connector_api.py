@@ -16,6 +16,7 @@ a connector that offloads larger blocks groups them itself.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,18 @@ class OffloadStats:
     failed_stores: int = 0
     refused_stores: int = 0
     refused_loads: int = 0
+
+    def __add__(self, other: OffloadStats) -> OffloadStats:
+        """Both counts added (per tier for ``hit_blocks``): totals over several calls."""
+        hits = dict(self.hit_blocks)
+        for medium, n in other.hit_blocks.items():
+            hits[medium] = hits.get(medium, 0) + n
+        counts = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "hit_blocks"
+        }
+        return OffloadStats(hit_blocks=hits, **counts)
 
 
 @runtime_checkable

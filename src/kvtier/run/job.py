@@ -65,41 +65,6 @@ class TurnResult:
 
 
 @dataclass(frozen=True, slots=True)
-class OffloadTotals:
-    """What the connector moved over a whole run (the sum of every turn's ``OffloadStats``).
-
-    Attributes:
-        hit_blocks: offloaded blocks found, per tier.
-        loaded_blocks, stored_blocks: blocks moved into / out of GPU pages.
-        bytes_loaded, bytes_stored: bytes moved into / out of GPU pages.
-        failed_loads, failed_stores: blocks whose transfer failed.
-    """
-
-    hit_blocks: Mapping[str, int] = field(default_factory=dict)
-    loaded_blocks: int = 0
-    stored_blocks: int = 0
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
-    failed_loads: int = 0
-    failed_stores: int = 0
-
-    def plus(self, stats: OffloadStats) -> OffloadTotals:
-        """These totals with one ``generate`` call's stats added."""
-        hits = dict(self.hit_blocks)
-        for medium, n in stats.hit_blocks.items():
-            hits[str(medium)] = hits.get(str(medium), 0) + n
-        return OffloadTotals(
-            hit_blocks=hits,
-            loaded_blocks=self.loaded_blocks + stats.loaded_blocks,
-            stored_blocks=self.stored_blocks + stats.stored_blocks,
-            bytes_loaded=self.bytes_loaded + stats.bytes_loaded,
-            bytes_stored=self.bytes_stored + stats.bytes_stored,
-            failed_loads=self.failed_loads + stats.failed_loads,
-            failed_stores=self.failed_stores + stats.failed_stores,
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class ConfigRun:
     """The workload on one configuration.
 
@@ -112,7 +77,7 @@ class ConfigRun:
 
     config: Configuration
     turns: tuple[TurnResult, ...] = ()
-    totals: OffloadTotals = field(default_factory=OffloadTotals)
+    totals: OffloadStats = field(default_factory=OffloadStats)
     wall_s: float = 0.0
 
     @property
@@ -226,7 +191,7 @@ def _run_turns(
             llm.generate([prompt], max_new_tokens=1)
     chats = [Chat(workload) for _ in configs]
     results: list[list[TurnResult]] = [[] for _ in configs]
-    totals = [OffloadTotals() for _ in configs]
+    totals = [OffloadStats() for _ in configs]
     walls = [0.0 for _ in configs]
     for step, turn in enumerate(workload.turns, 1):
         cells = []
@@ -241,7 +206,7 @@ def _run_turns(
             offload_block = int((config.offload or {}).get("block_size", llm.pool.block_size))
             result = _turn_result(turn, llm, output, offload_block)
             assert llm.last_stats is not None
-            totals[i] = totals[i].plus(llm.last_stats.offload)
+            totals[i] = totals[i] + llm.last_stats.offload
             results[i].append(result)
             cells.append(_cell(config.name, result))
         if progress is not None:

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvtier.run.job import ConfigRun, Mismatch, OffloadTotals
+from kvtier.engine.connector_api import OffloadStats
+from kvtier.run.job import ConfigRun, Mismatch
 from kvtier.run.workload import Workload
 
 BASELINE = "none"
@@ -82,7 +83,7 @@ class Summary:
     gpu_hit_tokens: int
     offload_hit_tokens: Mapping[str, int]
     computed_tokens: int
-    totals: OffloadTotals
+    totals: OffloadStats
     wall_s: float
 
     def ratio(self, tokens: int) -> float:

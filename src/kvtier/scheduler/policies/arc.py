@@ -23,25 +23,23 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.recency import RecencyList
+from kvtier.scheduler.policies.segmented import SegmentedPolicy
 
 
-class ARCPolicy(EvictionPolicy):
+class ARCPolicy(SegmentedPolicy):
     """ARC with both ghost lists and an adaptive T1 target."""
 
     name = "arc"
 
     def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
         self._t1: RecencyList[BlockHash] = RecencyList()
         self._t2: RecencyList[BlockHash] = RecencyList()
+        super().__init__(capacity, (self._t1, self._t2))
         self._b1: OrderedDict[BlockHash, None] = OrderedDict()
         self._b2: OrderedDict[BlockHash, None] = OrderedDict()
         self.p = 0
-
-    def __len__(self) -> int:
-        return len(self._t1) + len(self._t2)
 
     @property
     def sizes(self) -> tuple[int, int, int, int]:
@@ -75,10 +73,6 @@ class ARCPolicy(EvictionPolicy):
             self._t1.add_all(keys)
             self._trim_ghosts()
 
-    def release_all(self, keys: Sequence[BlockHash]) -> None:
-        self._t1.release_all(keys)
-        self._t2.release_all(keys)
-
     def touch(self, key: BlockHash, reused: bool) -> None:
         if key in self._t1:
             if reused:
@@ -88,12 +82,6 @@ class ARCPolicy(EvictionPolicy):
                 self._t1.touch(key)
         elif key in self._t2:
             self._t2.touch(key)
-
-    def remove(self, key: BlockHash) -> None:
-        (self._t1 if key in self._t1 else self._t2).remove(key)
-
-    def release(self, key: BlockHash) -> None:
-        (self._t1 if key in self._t1 else self._t2).release(key)
 
     def choose_victims(
         self,

@@ -33,8 +33,9 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.recency import RecencyList
+from kvtier.scheduler.policies.segmented import SegmentedPolicy
 
 PROTECTED_SHARE = 0.9
 """Protected blocks at most, as a share of the tier (the rest is probation)."""
@@ -47,21 +48,18 @@ def _never_held(key: BlockHash) -> bool:
     return False
 
 
-class SegmentedLRUPolicy(EvictionPolicy):
+class SegmentedLRUPolicy(SegmentedPolicy):
     """Probation and protected LRU lists, with a ghost list for admission to protected."""
 
     name = "slru"
 
     def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
         self._probation: RecencyList[BlockHash] = RecencyList()
         self._protected: RecencyList[BlockHash] = RecencyList()
+        super().__init__(capacity, (self._probation, self._protected))
         self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
         self._protected_cap = max(1, int(capacity * PROTECTED_SHARE))
         self._ghost_cap = max(1, GHOST_FACTOR * capacity)
-
-    def __len__(self) -> int:
-        return len(self._probation) + len(self._protected)
 
     @property
     def sizes(self) -> tuple[int, int, int]:
@@ -84,12 +82,6 @@ class SegmentedLRUPolicy(EvictionPolicy):
                 self._probation.touch(key)
         elif key in self._protected:
             self._protected.touch(key)
-
-    def remove(self, key: BlockHash) -> None:
-        (self._probation if key in self._probation else self._protected).remove(key)
-
-    def release(self, key: BlockHash) -> None:
-        (self._probation if key in self._probation else self._protected).release(key)
 
     def choose_victims(
         self,
