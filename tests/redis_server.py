@@ -10,6 +10,7 @@ how to install it, unless ``KVTIER_SKIP_REDIS=1`` asks to skip them.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -37,11 +38,30 @@ def require_redis() -> None:
         )
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    A cluster node also listens on ``port + 10000`` (its cluster bus), so its port is
+    at most 55535 and both must be free.
+    """
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 55536)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
 
 
 class RedisServer:
@@ -59,7 +79,7 @@ class RedisServer:
         self.workdir = workdir
         self.password = password
         self.args = list(args) + (["--requirepass", password] if password else [])
-        self.port = free_port()
+        self.port = free_port(cluster="--cluster-enabled" in self.args)
         self.proc: subprocess.Popen[bytes] | None = None
         workdir.mkdir(parents=True, exist_ok=True)
 
@@ -122,7 +142,10 @@ class RedisServer:
 
     def cli(self, *args: str) -> str:
         """Run ``redis-cli`` against this server; its stdout."""
-        env = {**os.environ, "REDISCLI_AUTH": self.password or ""}
+        env = dict(os.environ)
+        env.pop("REDISCLI_AUTH", None)
+        if self.password:
+            env["REDISCLI_AUTH"] = self.password
         cmd = ["redis-cli", "-p", str(self.port), *args]
         out = subprocess.run(cmd, capture_output=True, check=True, env=env)
         return out.stdout.decode(errors="replace").strip()
