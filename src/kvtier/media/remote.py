@@ -22,7 +22,6 @@ a miss: it is deleted and never served. The store decides no eviction: the serve
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import threading
@@ -35,11 +34,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kvtier.errors import IntegrityError, TransferError
+from kvtier.errors import TransferError
 from kvtier.media import block_format
-from kvtier.media.block_format import BytesLike, Corruption
+from kvtier.media.block_format import BytesLike
 from kvtier.media.health import CircuitBreaker, Health
-from kvtier.media.redis_client import BlockValue, RemoteOptions, ReplyReader, make_client
+from kvtier.media.redis_client import BlockValue, RemoteOptions, make_client
+from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages
 
 __all__ = ["LAYOUT_VERSION", "ReadOutcome", "RemoteOptions", "RemoteStore"]
 
@@ -49,17 +49,6 @@ LAYOUT_VERSION = 1
 """Version of the key layout and value format; the ``v1`` in every key."""
 _STORE_ERRORS = (RedisError, RedisClusterException, OSError)
 _LOST = (RedisConnectionError, RedisTimeoutError, OSError)
-
-
-class ReadOutcome(str, enum.Enum):
-    """What ``read_many_into`` found for one key."""
-
-    HIT = "hit"
-    """Verified and copied into its buffer."""
-    MISS = "miss"
-    """Not stored: never written, evicted, expired, or the server restarted empty."""
-    CORRUPT = "corrupt"
-    """Stored but failed verification; deleted, never served."""
 
 
 def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
@@ -195,9 +184,11 @@ class RemoteStore:
                 if self.options.cluster:
                     values = self._pipelined("get", [name for _, name, _ in batch])
                     for (k, _, dest), value in zip(batch, values, strict=True):
-                        outcomes.append(self._accept(k, value, dest))
+                        outcomes.append(accept(self.fingerprint, k, value, dest))
                 else:
-                    got: list[ReadOutcome] = self._run(partial(self._get_direct, batch=batch))
+                    got: list[ReadOutcome] = self._run(
+                        partial(get_into_pages, fingerprint=self.fingerprint, batch=batch)
+                    )
                     outcomes += got
         except TransferError:
             for d in dests:
@@ -242,80 +233,6 @@ class RemoteStore:
         payload = data.data.cast("B")
         value = BlockValue(block_format.encode_header(key, self.fingerprint, payload), payload)
         return value.joined() if self.options.cluster else value
-
-    def _get_direct(
-        self, client: Any, batch: list[tuple[bytes, bytes, np.ndarray]]
-    ) -> list[ReadOutcome]:
-        """Pipelined GETs on one pooled connection, each value read into its page."""
-        pool = client.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command(conn.pack_commands([("GET", name) for _, name, _ in batch]))
-            reader = ReplyReader(conn._sock)  # see ReplyReader: we own the connection
-            return [self._receive(reader, key, dest) for key, _, dest in batch]
-        except BaseException:
-            conn.disconnect()  # replies may be left unread: never reuse it
-            raise
-        finally:
-            pool.release(conn)
-
-    def _receive(self, reader: ReplyReader, key: bytes, dest: np.ndarray) -> ReadOutcome:
-        """Read one GET reply into ``dest`` and verify it there (zeroed if it fails)."""
-        line = reader.line()
-        size = block_format.header_size(len(key), len(self.fingerprint))
-        if line in (b"$-1", b"_"):  # nil in RESP2, null in RESP3
-            dest[:] = 0
-            return ReadOutcome.MISS
-        if line.startswith(b"-"):  # an error reply: a foreign value (WRONGTYPE, ...)
-            return self._reject(key, dest, line.decode(errors="replace"))
-        if line.startswith(b"!"):  # a RESP3 blob error
-            reader.skip(int(line[1:]) + 2)
-            return self._reject(key, dest, "error reply")
-        if not line.startswith(b"$"):
-            raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}")
-        length = int(line[1:])
-        if length != size + dest.nbytes:
-            reader.skip(length + 2)
-            return self._reject(
-                key, dest, f"value of {length} bytes, expected {size + dest.nbytes}"
-            )
-        header, crlf = bytearray(size), bytearray(2)
-        for part in (memoryview(header), dest.data, memoryview(crlf)):
-            reader.read_into(part)
-        if crlf != b"\r\n":
-            raise RedisConnectionError("a bulk reply not ended by CRLF")
-        try:
-            block_format.verify(header, dest.data, key=key, fingerprint=self.fingerprint)
-        except IntegrityError as e:
-            return self._reject(key, dest, str(e))
-        return ReadOutcome.HIT
-
-    def _accept(self, key: bytes, value: Any, dest: np.ndarray) -> ReadOutcome:
-        """Verify one fetched value and copy its payload into ``dest``."""
-        if value is None:
-            dest[:] = 0
-            return ReadOutcome.MISS
-        if isinstance(value, Exception):  # an error reply: a foreign value (WRONGTYPE, ...)
-            return self._reject(key, dest, str(value))
-        view = memoryview(value)
-        size = block_format.header_size(len(key), len(self.fingerprint))
-        try:
-            h = block_format.verify(view, view[size:], key=key, fingerprint=self.fingerprint)
-            if h.payload_length != dest.nbytes:
-                raise block_format.corruption(
-                    Corruption.LENGTH_MISMATCH,
-                    f"value holds {h.payload_length} bytes, the buffer takes {dest.nbytes}",
-                )
-        except IntegrityError as e:
-            return self._reject(key, dest, str(e))
-        dest[:] = np.frombuffer(view, dtype=np.uint8, offset=size)
-        return ReadOutcome.HIT
-
-    @staticmethod
-    def _reject(key: bytes, dest: np.ndarray, why: str) -> ReadOutcome:
-        logger.warning("remote block %s failed verification: %s", key.hex()[:16], why)
-        dest[:] = 0
-        return ReadOutcome.CORRUPT
 
     def _chunks(self, sizes: Sequence[int]) -> Iterator[range]:
         """Consecutive index ranges of at most ``batch_bytes`` (at least one item each)."""
