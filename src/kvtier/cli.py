@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
         "manager": ("kvtier.bench.manager", "per-block cost of the scheduler-side manager"),
         "transfer": ("kvtier.bench.transfer", "GPU<->CPU handler bandwidth against a plain copy"),
         "disk": ("kvtier.bench.disk", "disk tier store/load GB/s against dd, side by side"),
+        "remote": ("kvtier.bench.remote", "remote tier store/load GB/s against redis-benchmark"),
     },
     "simulate": ("kvtier.sim.cli", "replay a trace through the manager; compare with Belady"),
 }

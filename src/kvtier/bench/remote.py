@@ -1,0 +1,235 @@
+"""``kvtier bench remote``: store and load GB/s of the remote tier against ``redis-benchmark``.
+
+For each value size, ``--total`` bytes are stored as that many blocks through the
+CPU->remote handler (``--io-threads`` jobs in flight, each one pipelined batch of
+``--job-blocks`` values) and loaded back through the remote->CPU handler. In the same
+run, against the same server, ``redis-benchmark -t set,get -d <size> -P <job-blocks>
+-c <io-threads> -n <blocks>`` moves the same number of values of the same size with
+the same pipeline depth and the same number of connections. Passes alternate (kvtier,
+redis-benchmark, kvtier, ...) after one warm-up each; reported: median GB/s (10^9
+payload bytes per second) and the ratio of kvtier to redis-benchmark.
+
+redis-benchmark is also run with ``-P 1``, and the ratio is taken against the faster
+of its two runs: its own client slows down with deep pipelines of large values (on the
+development VM, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ratio
+against a handicapped reference would flatter kvtier.
+
+What the ratio holds: redis-benchmark sends the same constant bytes to one key and
+discards what it reads. kvtier also checksums every value (CRC-32), adds its ~100-byte
+header, copies the page into the value it sends, and on load verifies the value and
+copies its payload into the CPU page: the ratio is the whole cost of the design.
+
+``redis-benchmark -d`` accepts values up to 1 GiB (it clamps larger ones), so every
+size here is compared as it is. Unless ``--url`` names a server, the benchmark starts
+its own ``redis-server`` on a free loopback port with no persistence and a
+``maxmemory`` of twice ``--total`` (``allkeys-lru``), and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import redis
+import torch
+
+from kvtier.bench.report import write_result
+from kvtier.blocks import BlockHash, BlockId
+from kvtier.config import parse_bytes
+from kvtier.media.redis_client import RemoteOptions
+from kvtier.media.remote import RemoteStore
+from kvtier.specs import CPULoadStoreSpec, RemoteLoadStoreSpec
+from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
+from kvtier.worker.handler import OffloadingHandler
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None, help="server to test (default: start one)")
+    parser.add_argument("--sizes", default="256KiB,1MiB,4MiB", help="value sizes, comma separated")
+    parser.add_argument("--total", default="256MiB", help="bytes moved per pass")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per measurement")
+    parser.add_argument("--io-threads", type=int, default=4, help="jobs (connections) in flight")
+    parser.add_argument("--job-blocks", type=int, default=8, help="values per job (pipeline depth)")
+    parser.add_argument("--out", type=Path, default=None, help="result JSON path")
+
+
+@contextlib.contextmanager
+def local_server(maxmemory: int) -> Iterator[str]:
+    """A throw-away ``redis-server`` on a free loopback port; yields its URL."""
+    if shutil.which("redis-server") is None:
+        raise SystemExit("redis-server is not on PATH: apt-get install -y redis-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = tempfile.mkdtemp(prefix="kvtier-bench-redis-")
+    cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    cmd += ["--appendonly", "no", "--dir", workdir, "--maxmemory", str(maxmemory)]
+    cmd += ["--maxmemory-policy", "allkeys-lru"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        with redis.Redis(port=port) as client:
+            for _ in range(500):
+                with contextlib.suppress(redis.ConnectionError):
+                    client.ping()
+                    break
+                time.sleep(0.01)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def redis_benchmark(
+    url: str, size: int, count: int, pipeline: int, clients: int
+) -> dict[str, float]:
+    """One ``redis-benchmark -t set,get`` pass; payload bytes per second for SET and GET."""
+    parts = urlsplit(url)
+    cmd = ["redis-benchmark", "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 6379)]
+    cmd += ["-t", "set,get", "-d", str(size), "-P", str(pipeline), "-c", str(clients)]
+    cmd += ["-n", str(count), "--csv"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = csv.DictReader(io.StringIO(out))
+    return {r["test"].lower(): float(r["rps"]) * size for r in rows}
+
+
+class _Pass:
+    """Stores or loads ``count`` blocks through one handler, in jobs, and waits."""
+
+    def __init__(self, handler: OffloadingHandler, keys: list[BlockHash], job_blocks: int) -> None:
+        self.handler, self.keys, self.job_blocks = handler, keys, job_blocks
+        self.job = 0
+
+    def run(self, store: bool) -> None:
+        jobs = []
+        for start in range(0, len(self.keys), self.job_blocks):
+            ids = tuple(
+                BlockId(i) for i in range(start, min(start + self.job_blocks, len(self.keys)))
+            )
+            cpu = CPULoadStoreSpec(ids)
+            remote = RemoteLoadStoreSpec(ids, tuple(self.keys[i] for i in ids))
+            self.job += 1
+            self.handler.transfer_async(self.job, (cpu, remote) if store else (remote, cpu))
+            jobs.append(self.job)
+        self.handler.wait(jobs)
+        failed = [r for r in self.handler.get_finished() if not r.success]
+        if failed:
+            raise RuntimeError(f"{len(failed)} jobs failed, first: {failed[0].error}")
+
+
+def alternate(
+    kvtier: Callable[[], object], other: Callable[[], object], repeats: int
+) -> tuple[list[float], list[Any]]:
+    """Seconds of each ``kvtier()`` and the results of each ``other()``, alternated,
+    after one untimed warm-up of each."""
+    times, others = [], []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        kvtier()
+        elapsed = time.perf_counter() - t0
+        result = other()
+        if i:
+            times.append(elapsed)
+            others.append(result)
+    return times, others
+
+
+def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Store and load, kvtier and redis-benchmark, for one value size."""
+    count = max(args.job_blocks, total // size)
+    rng = np.random.default_rng(size)
+    pages = torch.from_numpy(rng.integers(0, 256, (count, size), dtype=np.uint8))
+    fingerprint = size.to_bytes(8, "big") * 4
+    options = RemoteOptions(url=url, max_connections=2 * args.io_threads + 2, timeout_s=30.0)
+    store = RemoteStore.open(fingerprint, options)
+    handlers = CpuRemoteOffloadingHandlers(pages, store, io_threads=args.io_threads)
+    keys = [BlockHash(i.to_bytes(32, "big")) for i in range(count)]
+
+    def rb() -> dict[str, float]:
+        deep = redis_benchmark(url, size, count, args.job_blocks, args.io_threads)
+        single = redis_benchmark(url, size, count, 1, args.io_threads)
+        return {**deep, **{f"{k}_p1": v for k, v in single.items()}}
+
+    stores = _Pass(handlers.cpu_to_remote_handler, keys, args.job_blocks)
+    t_store, rb_runs = alternate(lambda: stores.run(store=True), rb, args.repeats)
+    loads = _Pass(handlers.remote_to_cpu_handler, keys, args.job_blocks)
+    t_load, rb_runs2 = alternate(lambda: loads.run(store=False), rb, args.repeats)
+    handlers.shutdown()
+    store.delete_many(keys)
+    store.close()
+    nbytes = count * size
+    rows = []
+    for op, times, rb_key in (("store", t_store, "set"), ("load", t_load, "get")):
+        kv = nbytes / statistics.median(times) / 1e9
+        deep = statistics.median(r[rb_key] for r in rb_runs + rb_runs2) / 1e9
+        single = statistics.median(r[f"{rb_key}_p1"] for r in rb_runs + rb_runs2) / 1e9
+        ref = max(deep, single)
+        rows.append(
+            {
+                "op": op,
+                "value_bytes": size,
+                "values": count,
+                "kvtier_gbps": round(kv, 3),
+                "redis_benchmark_gbps": round(ref, 3),
+                "ratio": round(kv / ref, 3),
+                "redis_benchmark_test": rb_key.upper(),
+                "redis_benchmark_pipelined_gbps": round(deep, 3),
+                "redis_benchmark_p1_gbps": round(single, 3),
+            }
+        )
+    return rows
+
+
+def main(args: argparse.Namespace) -> int:
+    sizes = [parse_bytes("--sizes", s.strip()) for s in args.sizes.split(",")]
+    total = parse_bytes("--total", args.total)
+    if shutil.which("redis-benchmark") is None:
+        raise SystemExit("redis-benchmark is not on PATH: apt-get install -y redis-server")
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(local_server(2 * total + (64 << 20)))
+        rows = [r for s in sizes for r in measure_size(url, s, total, args)]
+    print(f"{'op':6} {'value':>8} {'kvtier':>8} {'rb -P N':>8} {'rb -P 1':>8} {'ratio':>6}  (GB/s)")
+    for r in rows:
+        print(
+            f"{r['op']:6} {r['value_bytes'] // 1024:>6}Ki {r['kvtier_gbps']:>8.3f} "
+            f"{r['redis_benchmark_pipelined_gbps']:>8.3f} {r['redis_benchmark_p1_gbps']:>8.3f} "
+            f"{r['ratio']:>6.2f}"
+        )
+    config = {
+        "url": args.url or "local redis-server (started by the benchmark)",
+        "redis_server": _server_version(),
+        "hiredis": redis.utils.HIREDIS_AVAILABLE,
+        "sizes": sizes,
+        "total_bytes_per_pass": total,
+        "repeats": args.repeats,
+        "io_threads": args.io_threads,
+        "job_blocks": args.job_blocks,
+    }
+    path = write_result("remote", config, rows, args.out)
+    worst = min(rows, key=lambda r: r["ratio"])
+    print(
+        f"remote: worst ratio to redis-benchmark {worst['ratio']:.2f} ({worst['op']} "
+        f"{worst['value_bytes'] // 1024} KiB); wrote {path}"
+    )
+    return 0
+
+
+def _server_version() -> str:
+    try:
+        out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip()

@@ -1,0 +1,225 @@
+"""How kvtier reaches Redis: ``RemoteOptions`` and the redis-py client they make.
+
+Runs wherever a ``RemoteStore`` is opened; imports no torch. redis-py parses replies
+with hiredis when it is installed (kvtier's dev environment has it). Clients never
+retry on their own (``Retry(NoBackoff(), 0)``): after a failure the store's
+``CircuitBreaker`` decides when the server is contacted again.
+
+Single-node connections also get ``ValuePacker`` as their command packer, so that a
+block value (``BlockValue``: header + the CPU page itself) goes to the socket without
+being copied: redis-py's own packers copy a large value two or three times (into one
+``bytes``, then into one protocol buffer), which cost a third of the store bandwidth.
+redis-py's cluster client does not pass a packer through to its nodes, so on a cluster
+the value is joined into one ``bytes`` first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
+
+from kvtier.errors import ConfigError
+from kvtier.media.health import Backoff
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteOptions:
+    """How to reach the store (the ``remote_*`` configuration keys).
+
+    Attributes:
+        url: ``redis://host:port/db``, ``rediss://`` for TLS, or ``unix:///path``; a
+            password in it is refused (use ``password_env``).
+        cluster: a Redis Cluster (``url`` names any one node).
+        timeout_s: socket connect and read timeout, seconds.
+        password_env: name of the environment variable that holds the password
+            (``None``: no password). Unset or empty: none is sent.
+        ttl_s: expire each value this long after it is written (``None``: never).
+        max_connections: connections per server (single node: waits for a free one).
+        tls_ca_file: CA bundle to verify a ``rediss://`` server with (``None``: system).
+        batch_bytes: largest pipeline, in value bytes; bigger batches are split.
+        backoff: how long an unhealthy store is left alone.
+    """
+
+    url: str = "redis://127.0.0.1:6379/0"
+    cluster: bool = False
+    timeout_s: float = 1.0
+    password_env: str | None = "KVTIER_REDIS_PASSWORD"
+    ttl_s: float | None = None
+    max_connections: int = 8
+    tls_ca_file: str | None = None
+    batch_bytes: int = 64 << 20
+    backoff: Backoff = field(default_factory=Backoff)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ConfigError(
+                "remote_url", f"must be redis://, rediss:// or unix://, got {self.url!r}"
+            )
+        if parts.password:
+            raise ConfigError(
+                "remote_url",
+                "holds a password; remove it and put it in the environment variable "
+                f"named by remote_password_env ({self.password_env or 'KVTIER_REDIS_PASSWORD'})",
+            )
+        if self.cluster and parts.scheme == "unix":
+            raise ConfigError("remote_cluster", "a Redis Cluster is reached over TCP, not unix://")
+        for key, value in (("remote_timeout_s", self.timeout_s), ("remote_ttl_s", self.ttl_s)):
+            if value is not None and not value > 0:
+                raise ConfigError(key, f"must be a positive number of seconds, got {value!r}")
+        if self.max_connections < 1 or self.batch_bytes < 1:
+            raise ConfigError("remote_io_threads", "connections and batch bytes must be >= 1")
+
+
+def make_client(o: RemoteOptions, password: str | None) -> Any:
+    """A redis-py client for these options; a cluster client connects now."""
+    common: dict[str, Any] = {
+        "password": password,
+        "socket_timeout": o.timeout_s,
+        "socket_connect_timeout": o.timeout_s,
+        "retry": Retry(NoBackoff(), 0),  # the breaker decides when to try again
+        "max_connections": o.max_connections,
+    }
+    if o.tls_ca_file is not None:
+        common["ssl_ca_certs"] = o.tls_ca_file
+    if o.cluster:  # connects now, to learn the slots; a failure is a store failure
+        return RedisCluster.from_url(o.url, **common)
+    pool = redis.BlockingConnectionPool.from_url(
+        o.url, timeout=o.timeout_s, command_packer=ValuePacker(), **common
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockValue:
+    """One stored value, ``header || payload``, as two buffers (nothing joined yet).
+
+    Attributes:
+        header: the encoded block header.
+        payload: the block's bytes, a flat ``uint8`` memoryview (of a CPU page).
+    """
+
+    header: bytes
+    payload: memoryview
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + self.payload.nbytes
+
+    def joined(self) -> bytes:
+        """The value as one ``bytes`` (one copy), for clients without ``ValuePacker``."""
+        return b"".join((self.header, self.payload))
+
+
+class ValuePacker:
+    """Packs commands into RESP for redis-py, sending large arguments as their own
+    buffers (no copy) and a ``BlockValue`` as its header and its payload.
+
+    Implements the ``pack(*args) -> list[buffer]`` protocol of redis-py's
+    ``command_packer`` connection argument, for the commands kvtier sends.
+    """
+
+    CUTOFF = 6000
+    """Arguments longer than this are sent as their own buffer (redis-py's cutoff)."""
+
+    def pack(self, *args: Any) -> list[bytes | memoryview]:
+        if isinstance(args[0], str):  # e.g. "CLIENT SETINFO": one argument per word
+            args = (*args[0].encode().split(), *args[1:])
+        out: list[bytes | memoryview] = []
+        head: list[bytes | memoryview] = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            if isinstance(arg, BlockValue):
+                head += [b"$%d\r\n" % arg.nbytes, arg.header]
+                out += [b"".join(head), arg.payload]
+                head = [b"\r\n"]
+                continue
+            data = _encode(arg)
+            head.append(b"$%d\r\n" % len(data))
+            if len(data) > self.CUTOFF:
+                out += [b"".join(head), data]
+                head = [b"\r\n"]
+            else:
+                head += [data, b"\r\n"]
+        out.append(b"".join(head))
+        return out
+
+
+def _encode(arg: Any) -> bytes | memoryview:
+    if isinstance(arg, (bytes, memoryview)):
+        return arg
+    if isinstance(arg, bytearray):
+        return bytes(arg)
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+        return repr(arg).encode()
+    raise TypeError(f"cannot send a {type(arg).__name__} to Redis")
+
+
+class ReplyReader:
+    """Reads the replies to a pipeline of ``GET`` from a connection's socket, each value
+    straight into the caller's buffers (no intermediate copy).
+
+    redis-py's parsers (hiredis too) copy a large reply twice before Python sees it:
+    into the parser's buffer, then into a new ``bytes``; this reader copies it once,
+    from the kernel into the CPU page. It reads the socket of a connection its caller
+    has taken from the pool (``connection._sock``: redis-py has no public accessor),
+    so the caller must own that connection until every reply is read, and disconnect
+    it if reading fails half-way. RESP2 and RESP3 replies to ``GET`` are understood.
+    """
+
+    def __init__(self, sock: Any, buffer_bytes: int = 1 << 16) -> None:
+        self._sock = sock
+        self._buf = bytearray(buffer_bytes)
+        self._start = 0
+        self._end = 0
+
+    def _fill(self) -> None:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buf):
+            kept = self._end - self._start
+            self._buf[:kept] = self._buf[self._start : self._end]
+            self._start, self._end = 0, kept
+        got = self._sock.recv_into(memoryview(self._buf)[self._end :])
+        if not got:
+            raise RedisConnectionError("the server closed the connection mid-reply")
+        self._end += got
+
+    def line(self) -> bytes:
+        """One reply line without its CRLF (``$123``, ``$-1``, ``-WRONGTYPE ...``)."""
+        while True:
+            i = self._buf.find(b"\r\n", self._start, self._end)
+            if i >= 0:
+                out = bytes(self._buf[self._start : i])
+                self._start = i + 2
+                return out
+            if self._start == 0 and self._end == len(self._buf):
+                raise RedisConnectionError("a reply line longer than the read buffer")
+            self._fill()
+
+    def read_into(self, view: memoryview) -> None:
+        """Exactly ``len(view)`` bytes of the stream into ``view``."""
+        n = min(len(view), self._end - self._start)
+        view[:n] = self._buf[self._start : self._start + n]
+        self._start += n
+        while n < len(view):
+            got = self._sock.recv_into(view[n:])
+            if not got:
+                raise RedisConnectionError("the server closed the connection mid-reply")
+            n += got
+
+    def skip(self, nbytes: int) -> None:
+        """Discard ``nbytes`` of the stream."""
+        scratch = memoryview(bytearray(min(nbytes, 1 << 20)))
+        while nbytes:
+            step = min(nbytes, len(scratch))
+            self.read_into(scratch[:step])
+            nbytes -= step

@@ -1,0 +1,298 @@
+"""The remote medium: verified block values in Redis or Valkey, single node or cluster.
+
+Runs on the worker side (handlers call it from their I/O threads) and, for
+``exists_many``, wherever the scheduler asks whether a shared store holds a block;
+thread-safe; imports no torch. One block is one value, ``header || payload`` in the
+verified format of ``block_format``, under the key::
+
+    kvtier:v1:<model fingerprint digest, hex>:<block key, hex>
+
+so two models, dtypes or layouts (different fingerprints) never share a value, and
+tenants do not either (the cache salt is inside the block key). ``v1`` names this
+layout of keys and values; any change to either is a new prefix.
+
+Every batch (``write_many``, ``read_many_into``, ``exists_many``, ``delete_many``) is
+one pipeline: one round trip per ``batch_bytes`` of values (per node, on a cluster).
+Any error or timeout fails the batch with ``TransferError`` and marks the store
+unhealthy in its ``CircuitBreaker``: it is not contacted again until the backoff
+expires, and meanwhile every call fails at once. A value that fails verification is
+a miss: it is deleted and never served. The store decides no eviction: the server's
+``maxmemory`` with ``allkeys-lru`` does (see ``docs/remote.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from kvtier.errors import TransferError
+from kvtier.media import block_format
+from kvtier.media.block_format import BytesLike
+from kvtier.media.health import CircuitBreaker, Health
+from kvtier.media.redis_client import BlockValue, RemoteOptions, make_client
+from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages
+
+__all__ = ["LAYOUT_VERSION", "ReadOutcome", "RemoteOptions", "RemoteStore"]
+
+logger = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 1
+"""Version of the key layout and value format; the ``v1`` in every key."""
+_STORE_ERRORS = (RedisError, RedisClusterException, OSError)
+_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
+    """A flat ``uint8`` view of a C-contiguous buffer (no copy)."""
+    if isinstance(buf, np.ndarray):
+        return buf.reshape(-1).view(np.uint8)
+    return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+
+
+class RemoteStore:
+    """A block store over one Redis (or cluster). Build it with ``RemoteStore.open``.
+
+    Attributes:
+        fingerprint: the model fingerprint digest every key and header carries.
+        options: how the store is reached.
+        breaker: its health (shared by every thread using the store).
+    """
+
+    def __init__(
+        self,
+        fingerprint: bytes,
+        options: RemoteOptions,
+        password: str | None,
+        breaker: CircuitBreaker,
+    ) -> None:
+        self.fingerprint = fingerprint
+        self.options = options
+        self.breaker = breaker
+        self._prefix = f"kvtier:v{LAYOUT_VERSION}:{fingerprint.hex()}:".encode()
+        self._password = password
+        self._client: Any = None  # redis.Redis or RedisCluster, made on first use
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(
+        cls,
+        fingerprint: bytes,
+        options: RemoteOptions,
+        *,
+        breaker: CircuitBreaker | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> RemoteStore:
+        """A store for one model. Does not contact the server (that happens on first use,
+        so an engine starts even while its Redis is down).
+
+        Args:
+            fingerprint: the model fingerprint digest (1..255 bytes).
+            options: URL, cluster flag, timeouts, TTL (see ``RemoteOptions``).
+            breaker: the health tracker (a new one from ``options.backoff`` if None).
+            environ: where the password variable is looked up.
+        """
+        if not 1 <= len(fingerprint) <= block_format.MAX_NAME_BYTES:
+            raise ValueError(f"fingerprint digest must be 1..255 bytes, got {len(fingerprint)}")
+        password = environ.get(options.password_env) if options.password_env else None
+        return cls(
+            fingerprint, options, password or None, breaker or CircuitBreaker(options.backoff)
+        )
+
+    # -- health ----------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """False while the store is backing off after a failure (calls fail fast)."""
+        return self.breaker.state is Health.HEALTHY
+
+    def ping(self) -> bool:
+        """Contact the server now, if the breaker allows; whether it answered."""
+        try:
+            self._run(lambda client: client.ping())
+        except TransferError:
+            return False
+        return True
+
+    def close(self) -> None:
+        """Drop the connections; a later call reconnects."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    # -- keys ------------------------------------------------------------------------
+
+    def redis_key(self, key: bytes) -> bytes:
+        """The Redis key of block ``key`` (``kvtier:v1:<fingerprint hex>:<key hex>``)."""
+        if not 1 <= len(key) <= block_format.MAX_NAME_BYTES:
+            raise TransferError(f"a block key is 1..255 bytes, got {len(key)}")
+        return self._prefix + key.hex().encode()
+
+    # -- batches ---------------------------------------------------------------------
+
+    def write_many(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray | BytesLike]) -> None:
+        """Store each payload as its block, replacing any value of that key.
+
+        Raises:
+            TransferError: the store is unhealthy, failed or timed out (it is then
+                marked unhealthy), or refused a value (e.g. out of memory under
+                ``noeviction``). Values of the batch may be stored or not.
+        """
+        if len(keys) != len(payloads):
+            raise ValueError(f"{len(keys)} keys for {len(payloads)} payloads")
+        names = [self.redis_key(k) for k in keys]
+        arrays = [_as_array(p) for p in payloads]
+        px = None if self.options.ttl_s is None else max(1, round(self.options.ttl_s * 1000))
+        for chunk in self._chunks([a.nbytes for a in arrays]):
+
+            def queue(pipe: Any, chunk: range = chunk) -> None:
+                for i in chunk:
+                    pipe.set(names[i], self._value(keys[i], arrays[i]), px=px)
+
+            refused = [r for r in self._execute(queue) if isinstance(r, Exception)]
+            if refused:
+                raise TransferError(f"{len(refused)} of {len(chunk)} values refused: {refused[0]}")
+
+    def read_many_into(
+        self, keys: Sequence[bytes], outs: Sequence[np.ndarray | bytearray | memoryview]
+    ) -> list[ReadOutcome]:
+        """Load each block into its buffer (exactly its payload length) and verify it.
+
+        A buffer whose block is missed or corrupt is zero-filled; a corrupt value is
+        deleted. On a raised error every buffer is zero-filled.
+
+        Raises:
+            TransferError: the store is unhealthy, failed or timed out.
+        """
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys for {len(outs)} buffers")
+        dests = [_as_array(o) for o in outs]
+        names = [self.redis_key(k) for k in keys]
+        outcomes: list[ReadOutcome] = []
+        try:
+            for chunk in self._chunks([d.nbytes for d in dests]):
+                batch = [(keys[i], names[i], dests[i]) for i in chunk]
+                if self.options.cluster:
+                    values = self._pipelined("get", [name for _, name, _ in batch])
+                    for (k, _, dest), value in zip(batch, values, strict=True):
+                        outcomes.append(accept(self.fingerprint, k, value, dest))
+                else:
+                    got: list[ReadOutcome] = self._run(
+                        partial(get_into_pages, fingerprint=self.fingerprint, batch=batch)
+                    )
+                    outcomes += got
+        except TransferError:
+            for d in dests:
+                d[:] = 0
+            raise
+        corrupt = [names[i] for i, o in enumerate(outcomes) if o is ReadOutcome.CORRUPT]
+        if corrupt:
+            try:
+                self._pipelined("delete", corrupt)
+            except TransferError as e:
+                logger.warning("could not delete %d corrupt remote values: %s", len(corrupt), e)
+        return outcomes
+
+    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each block is stored now (by any engine sharing the store).
+
+        One round trip (per node); reads no values. For ``lookup`` of a shared tier:
+        an existing value can still be evicted before it is read, or fail
+        verification, so a load after a ``True`` may still miss.
+
+        Raises:
+            TransferError: the store is unhealthy, failed or timed out.
+        """
+        if not keys:
+            return []
+        return [r == 1 for r in self._pipelined("exists", [self.redis_key(k) for k in keys])]
+
+    def delete_many(self, keys: Sequence[bytes]) -> int:
+        """Remove these blocks; how many were stored.
+
+        Raises:
+            TransferError: the store is unhealthy, failed or timed out.
+        """
+        if not keys:
+            return 0
+        return sum(r == 1 for r in self._pipelined("delete", [self.redis_key(k) for k in keys]))
+
+    # -- internals -------------------------------------------------------------------
+
+    def _value(self, key: bytes, data: np.ndarray) -> BlockValue | bytes:
+        """The value to send: the page itself where the client sends it uncopied."""
+        payload = data.data.cast("B")
+        value = BlockValue(block_format.encode_header(key, self.fingerprint, payload), payload)
+        return value.joined() if self.options.cluster else value
+
+    def _chunks(self, sizes: Sequence[int]) -> Iterator[range]:
+        """Consecutive index ranges of at most ``batch_bytes`` (at least one item each)."""
+        start, total = 0, 0
+        for i, n in enumerate(sizes):
+            if i > start and total + n > self.options.batch_bytes:
+                yield range(start, i)
+                start, total = i, 0
+            total += n
+        if start < len(sizes):
+            yield range(start, len(sizes))
+
+    def _pipelined(self, command: str, names: list[bytes]) -> list[Any]:
+        """One single-key command per name, pipelined; results in order."""
+
+        def queue(pipe: Any) -> None:
+            for name in names:
+                getattr(pipe, command)(name)
+
+        return self._execute(queue)
+
+    def _execute(self, queue: Callable[[Any], None]) -> list[Any]:
+        """Run one pipeline that ``queue`` fills; per-command errors come back as values.
+
+        A connection lost inside it (a cluster node that failed) fails the whole batch.
+        """
+
+        def send(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            queue(pipe)
+            return list(pipe.execute(raise_on_error=False))
+
+        results: list[Any] = self._run(send)
+        lost = next((r for r in results if isinstance(r, _LOST)), None)
+        if lost is not None:
+            self.breaker.record_failure(repr(lost))
+            raise TransferError(f"remote store failed: {lost!r}")
+        return results
+
+    def _run(self, fn: Callable[[Any], Any]) -> Any:
+        """Run ``fn(client)`` if the breaker allows; record the outcome in it."""
+        if not self.breaker.allow():
+            b = self.breaker
+            raise TransferError(
+                f"remote store unhealthy after {b.failures} failure(s) ({b.last_error}); "
+                f"next try in {b.retry_in():.1f} s"
+            )
+        try:
+            result = fn(self._connect())
+        except _STORE_ERRORS as e:
+            self.breaker.record_failure(repr(e))
+            raise TransferError(f"remote store failed: {e!r}") from e
+        except BaseException as e:  # a bug; the probe must not stay in flight forever
+            self.breaker.record_failure(repr(e))
+            raise
+        self.breaker.record_success()
+        return result
+
+    def _connect(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = make_client(self.options, self._password)
+            return self._client

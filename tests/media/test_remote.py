@@ -1,0 +1,257 @@
+"""RemoteStore against a real redis-server: round trips, namespacing, sharing between
+processes, corruption, eviction, TTL, passwords and option checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.errors import ConfigError, TransferError
+from kvtier.media import block_format
+from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+
+from ..redis_server import RedisServer
+
+FP = b"\x11" * 32
+BLOCK = 64 * 1024
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(2, "big") * 16
+
+
+def payload(i: int, n: int = BLOCK) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path / "redis").start()
+    yield s
+    s.stop()
+
+
+def open_store(server: RedisServer, fingerprint: bytes = FP, **kw: object) -> RemoteStore:
+    return RemoteStore.open(fingerprint, RemoteOptions(url=server.url, **kw), environ={})  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(server: RedisServer) -> Iterator[RemoteStore]:
+    s = open_store(server)
+    yield s
+    s.close()
+
+
+def read_back(store: RemoteStore, keys: list[bytes], n: int = BLOCK) -> tuple[list, np.ndarray]:
+    outs = np.full((len(keys), n), 0xAB, dtype=np.uint8)
+    return store.read_many_into(keys, list(outs)), outs
+
+
+def test_round_trip_is_byte_identical(store: RemoteStore) -> None:
+    keys = [key(i) for i in range(8)]
+    store.write_many(keys, [payload(i) for i in range(8)])
+    outcomes, outs = read_back(store, keys)
+    assert outcomes == [ReadOutcome.HIT] * 8
+    for i in range(8):
+        assert np.array_equal(outs[i], payload(i))
+    assert store.healthy
+
+
+def test_values_are_verified_blocks_under_namespaced_keys(
+    store: RemoteStore, server: RedisServer
+) -> None:
+    store.write_many([key(1)], [payload(1)])
+    name = f"kvtier:v1:{FP.hex()}:{key(1).hex()}".encode()
+    assert store.redis_key(key(1)) == name
+    with server.client() as client:
+        assert client.keys("*") == [name]
+        value = client.get(name)
+    size = block_format.header_size(32, 32)
+    assert len(value) == size + BLOCK
+    block_format.verify(value, value[size:], key=key(1), fingerprint=FP)
+
+
+def test_other_fingerprint_is_a_miss(store: RemoteStore, server: RedisServer) -> None:
+    store.write_many([key(1)], [payload(1)])
+    other = open_store(server, b"\x22" * 32)
+    outcomes, outs = read_back(other, [key(1)])
+    assert outcomes == [ReadOutcome.MISS]
+    assert not outs.any()
+    assert other.exists_many([key(1)]) == [False]
+    assert store.exists_many([key(1)]) == [True]
+    other.close()
+
+
+def test_exists_and_delete_many(store: RemoteStore) -> None:
+    store.write_many([key(1), key(3)], [payload(1), payload(3)])
+    assert store.exists_many([key(i) for i in range(5)]) == [False, True, False, True, False]
+    assert store.exists_many([]) == []
+    assert store.delete_many([key(1), key(2)]) == 1
+    assert store.exists_many([key(1), key(3)]) == [False, True]
+
+
+def test_missing_keys_are_misses_and_zeroed(store: RemoteStore) -> None:
+    store.write_many([key(0)], [payload(0)])
+    outcomes, outs = read_back(store, [key(0), key(9)])
+    assert outcomes == [ReadOutcome.HIT, ReadOutcome.MISS]
+    assert np.array_equal(outs[0], payload(0)) and not outs[1].any()
+
+
+def test_large_batches_are_split_and_still_round_trip(server: RedisServer) -> None:
+    store = open_store(server, batch_bytes=3 * BLOCK)  # 10 values: 4 pipelines
+    keys = [key(i) for i in range(10)]
+    store.write_many(keys, [payload(i) for i in range(10)])
+    outcomes, outs = read_back(store, keys)
+    assert outcomes == [ReadOutcome.HIT] * 10
+    assert all(np.array_equal(outs[i], payload(i)) for i in range(10))
+    store.close()
+
+
+def test_second_process_reads_what_the_first_wrote(server: RedisServer) -> None:
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from kvtier.media.remote import RemoteOptions, RemoteStore
+        store = RemoteStore.open({FP!r}, RemoteOptions(url={server.url!r}), environ={{}})
+        keys = [i.to_bytes(2, "big") * 16 for i in range(4)]
+        data = [np.random.default_rng(i).integers(0, 256, {BLOCK}, dtype=np.uint8)
+                for i in range(4)]
+        store.write_many(keys, data)
+        store.close()
+    """)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=60)
+    reader = open_store(server)
+    outcomes, outs = read_back(reader, [key(i) for i in range(4)])
+    assert outcomes == [ReadOutcome.HIT] * 4
+    assert all(np.array_equal(outs[i], payload(i)) for i in range(4))
+    reader.close()
+
+
+@pytest.mark.parametrize("where", ["payload", "header"])
+def test_corrupted_value_is_a_deleted_miss(
+    store: RemoteStore, server: RedisServer, where: str
+) -> None:
+    store.write_many([key(1), key(2)], [payload(1), payload(2)])
+    name = store.redis_key(key(1)).decode()
+    offset = block_format.header_size(32, 32) + 1000 if where == "payload" else 40
+    with server.client() as client:
+        old = client.getrange(name, offset, offset)
+    server.cli("SETRANGE", name, str(offset), "Z" if old != b"Z" else "Y")
+    outcomes, outs = read_back(store, [key(1), key(2)])
+    assert outcomes == [ReadOutcome.CORRUPT, ReadOutcome.HIT]
+    assert not outs[0].any() and np.array_equal(outs[1], payload(2))
+    assert store.exists_many([key(1), key(2)]) == [False, True]  # deleted
+    assert store.healthy
+
+
+def test_value_of_another_size_is_corrupt(store: RemoteStore) -> None:
+    store.write_many([key(1)], [payload(1, BLOCK // 2)])
+    outcomes, outs = read_back(store, [key(1)])
+    assert outcomes == [ReadOutcome.CORRUPT] and not outs.any()
+
+
+def test_foreign_value_under_our_key_is_corrupt(store: RemoteStore, server: RedisServer) -> None:
+    with server.client() as client:
+        client.set(store.redis_key(key(1)), b"not a block")
+        client.rpush(store.redis_key(key(2)), b"a list")  # GET answers WRONGTYPE
+    outcomes, _ = read_back(store, [key(1), key(2)])
+    assert outcomes == [ReadOutcome.CORRUPT, ReadOutcome.CORRUPT]
+    assert store.exists_many([key(1), key(2)]) == [False, False]
+    assert store.healthy
+
+
+def test_eviction_under_maxmemory_gives_misses_not_errors(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, ["--maxmemory", "4mb", "--maxmemory-policy", "allkeys-lru"])
+    server.start()
+    try:
+        store = open_store(server)
+        keys = [key(i) for i in range(40)]  # 10 MiB of values into 4 MiB
+        for i in range(0, 40, 4):
+            store.write_many(keys[i : i + 4], [payload(j, 256 * 1024) for j in range(i, i + 4)])
+        outcomes, outs = read_back(store, keys, 256 * 1024)
+        assert ReadOutcome.MISS in outcomes and ReadOutcome.HIT in outcomes
+        assert ReadOutcome.CORRUPT not in outcomes
+        for i, o in enumerate(outcomes):
+            if o is ReadOutcome.HIT:
+                assert np.array_equal(outs[i], payload(i, 256 * 1024))
+            else:
+                assert not outs[i].any()
+        assert store.healthy
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_noeviction_refusal_fails_the_write_but_not_the_store(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, ["--maxmemory", "2mb", "--maxmemory-policy", "noeviction"])
+    server.start()
+    try:
+        store = open_store(server)
+        with pytest.raises(TransferError, match="refused"):
+            for i in range(0, 40, 4):
+                store.write_many([key(j) for j in range(i, i + 4)], [payload(j) for j in range(4)])
+        assert store.healthy
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_ttl_sets_an_expiry(server: RedisServer) -> None:
+    store = open_store(server, ttl_s=60.0)
+    store.write_many([key(1)], [payload(1)])
+    with server.client() as client:
+        assert 0 < client.pttl(store.redis_key(key(1))) <= 60_000
+    store.close()
+
+
+def test_password_comes_from_the_environment(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, password="s3cret").start()
+    try:
+        options = RemoteOptions(url=server.url, password_env="KVTIER_TEST_PW")
+        good = RemoteStore.open(FP, options, environ={"KVTIER_TEST_PW": "s3cret"})
+        good.write_many([key(1)], [payload(1)])
+        assert good.exists_many([key(1)]) == [True]
+        bad = RemoteStore.open(FP, options, environ={})
+        with pytest.raises(TransferError):
+            bad.exists_many([key(1)])
+        assert not bad.healthy
+        good.close()
+        bad.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("kw", "config_key"),
+    [
+        ({"url": "redis://:pw@127.0.0.1:6379"}, "remote_url"),
+        ({"url": "http://127.0.0.1:6379"}, "remote_url"),
+        ({"url": "unix:///tmp/redis.sock", "cluster": True}, "remote_cluster"),
+        ({"timeout_s": 0.0}, "remote_timeout_s"),
+        ({"ttl_s": -1.0}, "remote_ttl_s"),
+    ],
+)
+def test_bad_options_name_their_key(kw: dict, config_key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        RemoteOptions(**kw)
+    assert info.value.key == config_key
+
+
+def test_bad_keys_and_lengths_are_refused(store: RemoteStore) -> None:
+    with pytest.raises(TransferError):
+        store.write_many([b""], [payload(0)])
+    with pytest.raises(ValueError):
+        store.write_many([key(1)], [])
+    with pytest.raises(ValueError):
+        RemoteStore.open(b"", RemoteOptions())

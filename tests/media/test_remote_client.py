@@ -1,0 +1,83 @@
+"""The wire pieces of the remote tier, without a server: ``ValuePacker`` packs what
+redis-py's own packer packs, and ``ReplyReader`` reads replies however the kernel
+splits them."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import numpy as np
+import pytest
+from redis.connection import Encoder, PythonRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from kvtier.media.redis_client import BlockValue, ReplyReader, ValuePacker
+
+
+def joined(chunks: list) -> bytes:
+    return b"".join(bytes(c) for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("PING",),
+        ("CLIENT SETINFO", "LIB-NAME", "redis-py"),
+        ("SET", b"k", b"v" * 10_000, "PX", 1500),
+        ("GET", b"kvtier:v1:00:11"),
+        ("EXISTS", b"a"),
+        ("HELLO", 3, "AUTH", "default", "pw"),
+        ("SET", b"k", memoryview(b"abc"), "PX", 2.5),
+    ],
+)
+def test_packs_what_redis_py_packs(args: tuple) -> None:
+    reference = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    assert joined(ValuePacker().pack(*args)) == joined(reference.pack(*args))
+
+
+def test_block_value_goes_out_as_its_own_buffers() -> None:
+    page = np.arange(20_000, dtype=np.uint32).view(np.uint8)
+    value = BlockValue(b"HEADER", page.data.cast("B"))
+    chunks = ValuePacker().pack("SET", b"key", value)
+    assert any(c is value.payload for c in chunks)  # the page itself, not a copy
+    expected = ValuePacker().pack("SET", b"key", value.joined())
+    assert joined(chunks) == joined(expected)
+
+
+def test_unsupported_argument_is_refused() -> None:
+    with pytest.raises(TypeError):
+        ValuePacker().pack("SET", b"k", True)
+
+
+def serve(data: bytes, step: int) -> tuple[socket.socket, threading.Thread]:
+    """A socket whose peer sends ``data`` in pieces of ``step`` bytes, then closes."""
+    a, b = socket.socketpair()
+
+    def send() -> None:
+        for i in range(0, len(data), step):
+            b.sendall(data[i : i + step])
+        b.close()
+
+    t = threading.Thread(target=send)
+    t.start()
+    return a, t
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096, 1 << 20])
+def test_reader_reads_lines_and_values_across_any_split(step: int) -> None:
+    payload = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+    data = b"$-1\r\n_\r\n-WRONGTYPE x\r\n$%d\r\n%s\r\n$3\r\nabc\r\n" % (len(payload), payload)
+    sock, t = serve(data, step)
+    reader = ReplyReader(sock, buffer_bytes=64)
+    assert [reader.line() for _ in range(4)] == [b"$-1", b"_", b"-WRONGTYPE x", b"$200000"]
+    out = bytearray(len(payload))
+    reader.read_into(memoryview(out))
+    assert out == payload
+    reader.skip(2)
+    assert reader.line() == b"$3"
+    reader.skip(5)
+    with pytest.raises(RedisConnectionError):
+        reader.line()  # the peer closed
+    t.join()
+    sock.close()

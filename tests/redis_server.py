@@ -1,0 +1,190 @@
+"""Real ``redis-server`` processes for the remote-tier tests, on free loopback ports.
+
+Each server runs in the foreground as a child of the test (no daemonizing, so a test
+that dies leaves nothing behind once ``stop`` runs in its fixture), with no
+persistence (``--save '' --appendonly no``) and its working directory in a temporary
+directory. CI installs Debian's ``redis-server``; without it these tests fail and say
+how to install it, unless ``KVTIER_SKIP_REDIS=1`` asks to skip them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import redis
+
+START_TIMEOUT_S = 10.0
+
+
+def require_redis() -> None:
+    """Skip when ``KVTIER_SKIP_REDIS=1``; fail clearly when redis-server is missing."""
+    if os.environ.get("KVTIER_SKIP_REDIS") == "1":
+        pytest.skip("KVTIER_SKIP_REDIS=1: tests against a real redis-server are skipped")
+    missing = [b for b in ("redis-server", "redis-cli") if shutil.which(b) is None]
+    if missing:
+        pytest.fail(
+            f"{' and '.join(missing)} not on PATH: install Debian's redis-server "
+            "(apt-get install -y redis-server), or set KVTIER_SKIP_REDIS=1 to skip",
+            pytrace=False,
+        )
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    A cluster node also listens on ``port + 10000`` (its cluster bus), so its port is
+    at most 55535 and both must be free.
+    """
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 55536)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+
+
+class RedisServer:
+    """One ``redis-server`` child process; ``restart`` keeps its port.
+
+    Args:
+        workdir: a fresh directory for the server's files.
+        args: extra ``redis-server`` arguments (``--maxmemory 1mb``, ...).
+        password: started with ``--requirepass`` this password when given.
+    """
+
+    def __init__(
+        self, workdir: Path, args: Sequence[str] = (), password: str | None = None
+    ) -> None:
+        self.workdir = workdir
+        self.password = password
+        self.args = list(args) + (["--requirepass", password] if password else [])
+        self.port = free_port(cluster="--cluster-enabled" in self.args)
+        self.proc: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        """Start the server and wait until it answers PING."""
+        require_redis()
+        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
+        with open(self.workdir / "redis.log", "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with redis.Redis(port=self.port, password=self.password, socket_timeout=1.0) as client:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except redis.RedisError as e:
+                    if self.proc.poll() is not None or time.monotonic() > deadline:
+                        log = (self.workdir / "redis.log").read_text(errors="replace")
+                        self.stop()
+                        raise RuntimeError(f"redis-server did not start:\n{log[-2000:]}") from e
+                    time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash: everything it held is lost)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its socket but answers nothing (a hung server)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        """Stop the server if it runs (resumed first if paused)."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> None:
+        """Start again on the same port, empty."""
+        self.stop()
+        self.start()
+
+    def cli(self, *args: str) -> str:
+        """Run ``redis-cli`` against this server; its stdout."""
+        env = dict(os.environ)
+        env.pop("REDISCLI_AUTH", None)
+        if self.password:
+            env["REDISCLI_AUTH"] = self.password
+        cmd = ["redis-cli", "-p", str(self.port), *args]
+        out = subprocess.run(cmd, capture_output=True, check=True, env=env)
+        return out.stdout.decode(errors="replace").strip()
+
+    def client(self) -> redis.Redis:
+        """A plain redis-py client (for test set-up and inspection)."""
+        return redis.Redis(port=self.port, password=self.password, socket_timeout=5.0)
+
+
+class RedisCluster:
+    """Three ``--cluster-enabled`` nodes joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, workdir: Path, nodes: int = 3) -> None:
+        self.nodes = [
+            RedisServer(
+                workdir / f"node{i}",
+                ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+            )
+            for i in range(nodes)
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def start(self) -> RedisCluster:
+        """Start the nodes, assign all slots, and wait until ``cluster info`` says ok."""
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        create = ["redis-cli", "--cluster", "create", *addresses, "--cluster-replicas", "0"]
+        subprocess.run([*create, "--cluster-yes"], capture_output=True, check=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all("cluster_state:ok" in n.cli("cluster", "info") for n in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -1,0 +1,212 @@
+"""CPU<->remote handlers against a real redis-server: round trips, per-job failures
+(misses, corruption, a dead Redis), FIFO completion, and never raising."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kvtier.blocks import BlockHash, BlockId
+from kvtier.media.health import Backoff, CircuitBreaker
+from kvtier.media.remote import RemoteOptions, RemoteStore
+from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
+from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
+from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
+
+from ..redis_server import RedisServer
+
+FP = b"\x66" * 32
+BLOCK = 16 * 1024
+NUM = 16
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(i: int) -> BlockHash:
+    return BlockHash(bytes([i]) * 32)
+
+
+def store_spec(rows: list[int], keys: list[int]) -> TransferSpec:
+    ids = tuple(BlockId(r) for r in rows)
+    return CPULoadStoreSpec(ids), RemoteLoadStoreSpec(ids, tuple(key(k) for k in keys))
+
+
+def load_spec(keys: list[int], rows: list[int]) -> TransferSpec:
+    cpu, remote = store_spec(rows, keys)
+    return remote, cpu
+
+
+def run(handler: OffloadingHandler, jobs: dict[int, TransferSpec]) -> dict[int, TransferResult]:
+    for job_id, spec in jobs.items():
+        handler.transfer_async(job_id, spec)
+    handler.wait(list(jobs))
+    results = handler.get_finished()
+    assert [r.job_id for r in results] == list(jobs)
+    assert handler.get_finished() == []
+    return {r.job_id: r for r in results}
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path / "redis").start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def pages() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (NUM, BLOCK), dtype=torch.uint8, generator=gen)
+
+
+@pytest.fixture
+def handlers(
+    server: RedisServer, clock: Clock, pages: torch.Tensor
+) -> Iterator[CpuRemoteOffloadingHandlers]:
+    breaker = CircuitBreaker(Backoff(base_s=1.0, max_s=4.0, jitter=0.0), clock=clock)
+    options = RemoteOptions(url=server.url, timeout_s=0.5)
+    store = RemoteStore.open(FP, options, breaker=breaker, environ={})
+    h = CpuRemoteOffloadingHandlers(pages, store, io_threads=2)
+    h.store = store  # type: ignore[attr-defined]
+    yield h
+    h.shutdown()
+    store.close()
+
+
+def test_round_trip(handlers: CpuRemoteOffloadingHandlers, pages: torch.Tensor) -> None:
+    original = pages.clone()
+    stored = run(
+        handlers.cpu_to_remote_handler,
+        {1: store_spec([0, 1, 2], [0, 1, 2]), 2: store_spec([3, 4], [3, 4])},
+    )
+    assert all(r.success and r.error is None for r in stored.values())
+    assert stored[1].bytes_moved == 3 * BLOCK and stored[2].bytes_moved == 2 * BLOCK
+    pages.zero_()
+    loaded = run(handlers.remote_to_cpu_handler, {3: load_spec([4, 0, 2], [10, 11, 12])})
+    assert loaded[3].success and loaded[3].bytes_moved == 3 * BLOCK
+    for src, dst in ((4, 10), (0, 11), (2, 12)):
+        assert torch.equal(pages[dst], original[src])
+
+
+def test_many_jobs_finish_in_submission_order(
+    handlers: CpuRemoteOffloadingHandlers, pages: torch.Tensor
+) -> None:
+    jobs = {j: store_spec([j % NUM], [j]) for j in range(60)}
+    assert all(r.success for r in run(handlers.cpu_to_remote_handler, jobs).values())
+    loads = {100 + j: load_spec([j], [j % NUM]) for j in range(0, 60, 3)}
+    loads[1000] = load_spec([200], [0])  # a miss, in the middle of the order
+    loads[1001] = load_spec([3], [1])
+    results = run(handlers.remote_to_cpu_handler, loads)
+    assert [r.success for r in results.values()] == [True] * 20 + [False, True]
+    assert "missed" in (results[1000].error or "")
+
+
+def test_missed_block_fails_the_job_and_is_zeroed(
+    handlers: CpuRemoteOffloadingHandlers, pages: torch.Tensor
+) -> None:
+    original = pages.clone()
+    run(handlers.cpu_to_remote_handler, {1: store_spec([0], [0])})
+    (result,) = run(handlers.remote_to_cpu_handler, {2: load_spec([0, 77], [5, 6])}).values()
+    assert (result.success, result.bytes_moved) == (False, 0)
+    assert "1 of 2 block(s) not loaded" in (result.error or "")
+    assert torch.equal(pages[5], original[0]) and not pages[6].any()
+
+
+def test_corrupted_value_fails_the_load_zeroes_the_page_and_is_deleted(
+    handlers: CpuRemoteOffloadingHandlers, server: RedisServer, pages: torch.Tensor
+) -> None:
+    run(handlers.cpu_to_remote_handler, {1: store_spec([0, 1], [0, 1])})
+    store: RemoteStore = handlers.store  # type: ignore[attr-defined]
+    server.cli("SETRANGE", store.redis_key(key(1)).decode(), "5000", "corrupted")
+    (result,) = run(handlers.remote_to_cpu_handler, {2: load_spec([0, 1], [8, 9])}).values()
+    assert not result.success and "failed verification" in (result.error or "")
+    assert not pages[9].any()
+    assert store.exists_many([key(0), key(1)]) == [True, False]
+
+
+def test_killed_redis_fails_jobs_without_raising_then_recovers(
+    handlers: CpuRemoteOffloadingHandlers,
+    server: RedisServer,
+    clock: Clock,
+    pages: torch.Tensor,
+) -> None:
+    store: RemoteStore = handlers.store  # type: ignore[attr-defined]
+    run(handlers.cpu_to_remote_handler, {1: store_spec([0], [0])})
+    for j in range(2, 12):  # in flight while Redis dies: each succeeds or fails
+        handlers.cpu_to_remote_handler.transfer_async(j, store_spec([j], [j]))
+    server.kill()
+    handlers.cpu_to_remote_handler.transfer_async(12, store_spec([12], [12]))
+    handlers.cpu_to_remote_handler.wait(range(2, 13))
+    results = handlers.cpu_to_remote_handler.get_finished()
+    assert [r.job_id for r in results] == list(range(2, 13))
+    assert not results[-1].success and not store.healthy
+    pages[3].fill_(9)
+    down = run(handlers.remote_to_cpu_handler, {20: load_spec([0], [3])})
+    assert not down[20].success and "unhealthy" in (down[20].error or "")
+    assert not pages[3].any()  # a failed load leaves no plausible bytes
+    server.start()  # same port, empty
+    clock.now += 10.0  # past the backoff: the next job is the probe
+    assert run(handlers.cpu_to_remote_handler, {30: store_spec([5], [5])})[30].success
+    assert store.healthy
+    assert run(handlers.remote_to_cpu_handler, {31: load_spec([5], [6])})[31].success
+    assert torch.equal(pages[6], pages[5])
+
+
+@pytest.mark.parametrize(
+    ("direction", "spec", "why"),
+    [
+        ("store", (CPULoadStoreSpec((BlockId(0),)), DiskLoadStoreSpec((BlockId(0),), ())), "takes"),
+        ("store", store_spec([0, 1], [0]), "CPU blocks for"),
+        ("store", store_spec([NUM], [0]), "outside"),
+        ("load", load_spec([0, 1], [2, 2]), "two blocks into one"),
+        ("load", (RemoteLoadStoreSpec((), (BlockHash(b""),)), CPULoadStoreSpec((0,))), "key"),
+    ],
+)
+def test_invalid_specs_are_refused_and_reported_in_order(
+    handlers: CpuRemoteOffloadingHandlers, direction: str, spec: TransferSpec, why: str
+) -> None:
+    h = handlers.cpu_to_remote_handler if direction == "store" else handlers.remote_to_cpu_handler
+    assert h.transfer_async(1, spec) is False
+    (result,) = h.get_finished()
+    assert (result.job_id, result.success, result.bytes_moved) == (1, False, 0)
+    assert why in (result.error or "")
+
+
+def test_shutdown_finishes_queued_jobs_then_refuses(
+    handlers: CpuRemoteOffloadingHandlers,
+) -> None:
+    h = handlers.cpu_to_remote_handler
+    for j in range(8):
+        h.transfer_async(j, store_spec([j], [j]))
+    h.shutdown()
+    h.shutdown()
+    assert h.transfer_async(8, store_spec([0], [0])) is False
+    results = h.get_finished()
+    assert [r.success for r in results] == [True] * 8 + [False]
+    assert "shut down" in (results[-1].error or "")
+    h.wait([12345])
+
+
+def test_bad_pages_are_refused(server: RedisServer) -> None:
+    store = RemoteStore.open(FP, RemoteOptions(url=server.url), environ={})
+    for bad in (torch.zeros(4, 8, dtype=torch.float16), torch.zeros(8, 4, dtype=torch.uint8).t()):
+        with pytest.raises(ValueError):
+            CpuRemoteOffloadingHandlers(bad, store)
+    with pytest.raises(ValueError):
+        CpuRemoteOffloadingHandlers(torch.zeros(4, 8, dtype=torch.uint8), store, io_threads=0)
+    assert np.asarray(store.exists_many([key(1)])).tolist() == [False]
