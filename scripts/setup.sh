@@ -5,6 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The remote tier's tests start real redis-server processes (Debian's package).
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    # Debian starts a system-wide server on 6379; the tests start their own on free ports.
+    (service redis-server stop || systemctl stop redis-server) >/dev/null 2>&1 || true
+  else
+    echo "setup: redis-server is missing; install Debian's redis-server package" \
+         "(or set KVTIER_SKIP_REDIS=1 to skip the remote tier's tests)" >&2
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
