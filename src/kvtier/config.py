@@ -27,6 +27,17 @@ Keys (see ``docs/configuration.md``):
 ``disk_io_threads``       disk reads/writes in flight per direction (default 4)
 ``disk_fsync``            fsync each block before it becomes visible (default false)
 ``disk_direct_io``        ``"auto"`` (default), true or false
+``remote_url``            Redis/Valkey URL of a store shared by engines (none: no
+                          remote tier); ``redis://``, ``rediss://`` or ``unix://``
+``remote_cluster``        the URL names a node of a Redis Cluster (default false)
+``remote_timeout_s``      connect/read timeout, seconds (default 1.0)
+``remote_password_env``   environment variable holding the password (default
+                          ``KVTIER_REDIS_PASSWORD``; never the config file)
+``remote_io_threads``     remote reads/writes in flight per direction (default 2)
+``remote_ttl_s``          expire values this long after writing (default: never)
+``remote_tls_ca_file``    CA bundle for ``rediss://`` (default: the system's)
+``remote_index_blocks``   remote blocks this engine remembers (default 1,000,000)
+``remote_backoff_s``      first wait after a failure before retrying (default 0.5)
 ========================  =========================================================
 """
 
@@ -129,6 +140,46 @@ def _disk_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _seconds(key: str, value: object, optional: bool = False) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(key, f"must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _optional_str(key: str, value: object) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(key, f"must be a string or null, got {value!r}")
+    return value
+
+
+def _remote_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
+    url = raw.get("remote_url")
+    if url is None:
+        given = sorted(k for k in raw if k.startswith("remote_"))
+        if given:
+            raise ConfigError(given[0], "is set but remote_url is not; set remote_url too")
+        return {}
+    if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("remote_url", f"must be redis://, rediss:// or unix://, got {url!r}")
+    return {
+        "remote_url": url,
+        "remote_cluster": _bool("remote_cluster", raw.get("remote_cluster", False)),
+        "remote_timeout_s": _seconds("remote_timeout_s", raw.get("remote_timeout_s", 1.0)),
+        "remote_password_env": _optional_str(
+            "remote_password_env", raw.get("remote_password_env", "KVTIER_REDIS_PASSWORD")
+        ),
+        "remote_io_threads": _positive_int("remote_io_threads", raw.get("remote_io_threads", 2)),
+        "remote_ttl_s": _seconds("remote_ttl_s", raw.get("remote_ttl_s"), optional=True),
+        "remote_tls_ca_file": _optional_str("remote_tls_ca_file", raw.get("remote_tls_ca_file")),
+        "remote_index_blocks": _positive_int(
+            "remote_index_blocks", raw.get("remote_index_blocks", 1_000_000)
+        ),
+        "remote_backoff_s": _seconds("remote_backoff_s", raw.get("remote_backoff_s", 0.5)),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class OffloadingConfig:
     """The validated offloading configuration. Build it with ``from_dict``."""
@@ -147,6 +198,15 @@ class OffloadingConfig:
     disk_io_threads: int = 4
     disk_fsync: bool = False
     disk_direct_io: bool | None = None
+    remote_url: str | None = None
+    remote_cluster: bool = False
+    remote_timeout_s: float = 1.0
+    remote_password_env: str | None = "KVTIER_REDIS_PASSWORD"
+    remote_io_threads: int = 2
+    remote_ttl_s: float | None = None
+    remote_tls_ca_file: str | None = None
+    remote_index_blocks: int = 1_000_000
+    remote_backoff_s: float = 0.5
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadingConfig:
@@ -183,6 +243,7 @@ class OffloadingConfig:
             store_policy=_choice("store_policy", get("store_policy"), list(STORE_POLICIES)),
             max_pending_writes=_positive_int("max_pending_writes", get("max_pending_writes")),
             **_disk_keys(raw),
+            **_remote_keys(raw),
         )
 
     def num_cpu_blocks(self, bytes_per_block: int) -> int:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvtier.media.disk import DiskStore
+    from kvtier.media.remote import RemoteStore
     from kvtier.worker import OffloadingWorker
 
 
@@ -94,12 +95,17 @@ class OffloadingSpec:
                     f"holds no block file of {block_file_size(self.bytes_per_block)} bytes",
                 )
         self._disk: DiskStore | None = None
+        self._remote: RemoteStore | None = None
         self._disk_slot_keys: dict[int, bytes] = {}
-        self._workers: list[OffloadingWorker] = []
+        self._groups: list[Any] = []  # handler groups: each shuts its handlers down
 
     @property
     def has_disk(self) -> bool:
         return self.num_disk_blocks > 0
+
+    @property
+    def has_remote(self) -> bool:
+        return self.config.remote_url is not None
 
     def get_manager(self) -> TierManager | TieredManager:
         """The scheduler side: the CPU tier, with the disk tier behind it if configured."""
@@ -114,19 +120,60 @@ class OffloadingSpec:
             enable_events=cfg.enable_events,
             store_threshold=threshold,
         )
-        if not self.has_disk:
+        if not self.has_disk and not self.has_remote:
             return cpu
-        disk = TierManager(
-            medium=Medium.DISK,
-            num_blocks=self.num_disk_blocks,
-            block_size=cfg.block_size,
-            policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
-            enable_events=cfg.enable_events,
+        secondaries = []
+        if self.has_disk:
+            disk = TierManager(
+                medium=Medium.DISK,
+                num_blocks=self.num_disk_blocks,
+                block_size=cfg.block_size,
+                policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
+                enable_events=cfg.enable_events,
+            )
+            recovered = [b.key for b in self.disk_store().recovered][-self.num_disk_blocks :]
+            slots = disk.restore(recovered)  # type: ignore[arg-type]
+            self._disk_slot_keys = dict(zip(slots, recovered, strict=True))
+            secondaries.append(disk)
+        shared = {}
+        if self.has_remote:
+            # The index only remembers what this engine knows is there; the server's
+            # maxmemory policy owns the real capacity (docs/remote.md).
+            secondaries.append(
+                TierManager(
+                    medium=Medium.REMOTE,
+                    num_blocks=cfg.remote_index_blocks,
+                    block_size=cfg.block_size,
+                    policy=make_policy("lru", cfg.remote_index_blocks),
+                    enable_events=cfg.enable_events,
+                )
+            )
+            shared[Medium.REMOTE] = self.remote_store()
+        return TieredManager(
+            cpu, secondaries, max_pending_writes=cfg.max_pending_writes, shared=shared
         )
-        recovered = [b.key for b in self.disk_store().recovered][-self.num_disk_blocks :]
-        slots = disk.restore(recovered)  # type: ignore[arg-type]
-        self._disk_slot_keys = dict(zip(slots, recovered, strict=True))
-        return TieredManager(cpu, [disk], max_pending_writes=cfg.max_pending_writes)
+
+    def remote_store(self) -> RemoteStore:
+        """The remote tier's client, opened once (it contacts nothing until used)."""
+        if self._remote is None:
+            from kvtier.media.health import Backoff
+            from kvtier.media.redis_client import RemoteOptions
+            from kvtier.media.remote import RemoteStore
+
+            cfg = self.config
+            assert cfg.remote_url is not None
+            options = RemoteOptions(
+                url=cfg.remote_url,
+                cluster=cfg.remote_cluster,
+                timeout_s=cfg.remote_timeout_s,
+                password_env=cfg.remote_password_env,
+                ttl_s=cfg.remote_ttl_s,
+                max_connections=2 * cfg.remote_io_threads + 1,
+                tls_ca_file=cfg.remote_tls_ca_file,
+                backoff=Backoff(base_s=cfg.remote_backoff_s),
+            )
+            self._remote = RemoteStore.open(self.storage_fingerprint, options)
+        return self._remote
 
     def disk_store(self) -> DiskStore:
         """The disk tier's store, opened once (it locks its directory)."""
@@ -159,6 +206,7 @@ class OffloadingSpec:
         worker = OffloadingWorker()
         worker.register_handler(Medium.GPU, Medium.CPU, gpu.gpu_to_cpu_handler)
         worker.register_handler(Medium.CPU, Medium.GPU, gpu.cpu_to_gpu_handler)
+        self._groups.append(gpu)
         if self.has_disk:
             from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 
@@ -170,14 +218,26 @@ class OffloadingSpec:
             )
             worker.register_handler(Medium.CPU, Medium.DISK, disk.cpu_to_disk_handler)
             worker.register_handler(Medium.DISK, Medium.CPU, disk.disk_to_cpu_handler)
-        self._workers.append(worker)
+            self._groups.append(disk)
+        if self.has_remote:
+            from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
+
+            remote = CpuRemoteOffloadingHandlers(
+                gpu.host_slab.tensor, self.remote_store(), io_threads=self.config.remote_io_threads
+            )
+            worker.register_handler(Medium.CPU, Medium.REMOTE, remote.cpu_to_remote_handler)
+            worker.register_handler(Medium.REMOTE, Medium.CPU, remote.remote_to_cpu_handler)
+            self._groups.append(remote)
         return worker
 
     def shutdown(self) -> None:
-        """Finish queued jobs, stop the handlers, close the disk store."""
-        for worker in self._workers:
-            worker.shutdown()
-        self._workers.clear()
+        """Finish queued jobs, stop the handlers, release the slab, close the stores."""
+        for group in self._groups:
+            group.shutdown()
+        self._groups.clear()
         if self._disk is not None:
             self._disk.close()
             self._disk = None
+        if self._remote is not None:
+            self._remote.close()
+            self._remote = None

@@ -47,3 +47,14 @@ def tiny_size() -> ModelSize:
 def make_prompts():  # type: ignore[no-untyped-def]
     """``random_prompts`` as a fixture (test modules do not import each other)."""
     return random_prompts
+
+
+@pytest.fixture(scope="session")
+def baseline(tiny_model: PreTrainedModel) -> list[list[int]]:
+    """The tokens of the offloading tests' chat workload, served without offloading."""
+    from kvtier.engine import LLM
+
+    from .workload import GPU_BLOCKS, PAGE, chats
+
+    llm = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE)
+    return [out for p in chats() for out in llm.generate([p], max_new_tokens=4)]

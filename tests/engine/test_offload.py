@@ -20,23 +20,7 @@ from kvtier.engine import LLM
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.errors import ConfigError
 
-GPU_BLOCKS = 40
-PAGE = 4
-
-
-def chats(seed: int = 0, convs: int = 4, turns: int = 3) -> list[list[int]]:
-    """Interleaved turns of conversations that share a system prompt; each turn
-    resends its conversation's history (fixed fake answers keep prompts known)."""
-    rng = random.Random(seed)
-    system = [rng.randrange(512) for _ in range(37)]
-    histories = [list(system) for _ in range(convs)]
-    prompts = []
-    for _ in range(turns):
-        for h in histories:
-            h.extend(rng.randrange(512) for _ in range(rng.randint(9, 30)))
-            prompts.append(list(h))
-            h.extend(rng.randrange(512) for _ in range(4))
-    return prompts
+from .workload import GPU_BLOCKS, PAGE, chats
 
 
 def serve(
@@ -55,12 +39,6 @@ def serve(
         totals["cpu_hits"] += st.offload.hit_blocks.get(Medium.CPU, 0)
         totals["disk_hits"] += st.offload.hit_blocks.get(Medium.DISK, 0)
     return outs, totals, llm
-
-
-@pytest.fixture(scope="module")
-def baseline(tiny_model: Any) -> list[list[int]]:
-    outs, _, _ = serve(tiny_model, None, chats())
-    return outs
 
 
 def close(llm: LLM) -> None:

@@ -66,6 +66,20 @@ def test_failures_of_one_outage_count_once() -> None:
     assert b.failures == 1 and b.retry_in() == 1.0
 
 
+def test_an_outage_is_counted_once_however_many_probes_fail() -> None:
+    # The tiering forgets what it knew of a shared store after each outage.
+    b, clock = breaker(base_s=1.0, max_s=8.0, jitter=0.0)
+    assert b.outages == 0
+    for _ in range(3):  # one outage: the first failure, then failed probes
+        b.record_failure("ConnectionError")
+        clock.now += b.retry_in()
+        assert b.allow()
+    b.record_success()
+    assert b.outages == 1
+    b.record_failure("timeout")
+    assert b.outages == 2
+
+
 @pytest.mark.parametrize("draw", [0.0, 0.5, 0.999])
 def test_jitter_only_shortens_the_wait(draw: float) -> None:
     b, _ = breaker(draw, base_s=2.0, max_s=8.0, jitter=0.5)

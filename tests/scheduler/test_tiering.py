@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from kvtier.blocks import Medium
+from kvtier.errors import TransferError
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.tiering import TieredManager
 from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec
@@ -167,3 +170,46 @@ def test_blocks_held_on_disk_are_not_stored_into_cpu_again() -> None:
     store(t, keys(3, 4))  # 1 and 2 leave the CPU tier, stay on disk
     out = t.prepare_store(keys(1, 2, 5))
     assert out is not None and out.block_hashes_to_store == tuple(keys(5))
+
+
+class FakeShared:
+    """A shared store: holds some keys; ``outages`` moves when it goes down."""
+
+    def __init__(self, held: set[bytes]) -> None:
+        self.held = held
+        self.outages = 0
+        self.down = False
+
+    def exists_many(self, ks: Sequence[bytes]) -> list[bool]:
+        if self.down:
+            raise TransferError("store is down")
+        return [k in self.held for k in ks]
+
+
+def shared_tiered(store: FakeShared) -> TieredManager:
+    primary = CPUOffloadingManager(num_blocks=4, block_size=16)
+    remote = TierManager(
+        medium=Medium.REMOTE, num_blocks=8, block_size=16, policy=make_policy("lru", 8)
+    )
+    return TieredManager(primary, [remote], shared={Medium.REMOTE: store})
+
+
+def test_blocks_other_engines_wrote_are_discovered_and_adopted() -> None:
+    store = FakeShared(set(keys(1, 2)))
+    t = shared_tiered(store)
+    assert t.lookup(keys(1, 2, 3)) == 2
+    assert t.secondaries[0].state(keys(1)[0]) is not None
+    assert t.stats().hit_blocks[Medium.REMOTE] == 2
+    store.down = True
+    assert t.lookup(keys(3)) == 0, "an unreachable store is no hit, not an error"
+
+
+def test_a_shared_tier_is_forgotten_after_an_outage() -> None:
+    # The server may have restarted empty: what this engine knew of it is stale.
+    store = FakeShared(set(keys(1, 2)))
+    t = shared_tiered(store)
+    assert t.lookup(keys(1, 2)) == 2
+    store.held.clear()
+    store.outages += 1
+    assert t.lookup(keys(1, 2)) == 0
+    assert len(t.secondaries[0]) == 0

@@ -14,6 +14,7 @@ CPU, then cast and moved).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,6 +161,28 @@ def load_model(
     return place(model, dev, dt)
 
 
+_NOT_IDENTITY = frozenset(
+    {
+        "_name_or_path",
+        "name_or_path",
+        "architectures",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "_attn_implementation",
+        "_attn_implementation_autoset",
+        "attn_implementation",
+        "use_cache",
+        "return_dict",
+        "output_attentions",
+        "output_hidden_states",
+        "_commit_hash",
+    }
+)
+"""Config keys that do not change the KV bytes (bookkeeping, or set by saving/loading
+a checkpoint); the dtype is part of the fingerprint on its own."""
+
+
 def model_fingerprint(
     model: PreTrainedModel, layout: KVLayout, block_size: int, seed: int | None
 ) -> ModelFingerprint:
@@ -170,7 +193,9 @@ def model_fingerprint(
     Two engines share offloaded blocks only when all of these match.
     """
     config = model.config
-    digest = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    fields = {k: v for k, v in config.to_dict().items() if k not in _NOT_IDENTITY}
+    canonical = json.dumps(fields, sort_keys=True, default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
     name = getattr(config, "name_or_path", "") or type(model).__name__
     model_id = f"{name}|config={digest}" + (f"|seed={seed}" if seed is not None else "")
     return ModelFingerprint(

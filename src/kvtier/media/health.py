@@ -84,6 +84,7 @@ class CircuitBreaker:
         self._lock = threading.Lock()
         self._state = Health.HEALTHY
         self._failures = 0
+        self._outages = 0
         self._retry_at = 0.0
         self._last_error: str | None = None
 
@@ -96,6 +97,12 @@ class CircuitBreaker:
     def failures(self) -> int:
         """Consecutive failures (0 when healthy)."""
         return self._failures
+
+    @property
+    def outages(self) -> int:
+        """Outages so far: failures that found the store healthy. A store back from
+        an outage may have restarted empty, so what was known of it is stale."""
+        return self._outages
 
     @property
     def last_error(self) -> str | None:
@@ -137,6 +144,8 @@ class CircuitBreaker:
             self._last_error = error
             if self._state is Health.UNHEALTHY:
                 return  # an operation of the same outage, in flight when it began
+            if self._state is Health.HEALTHY:
+                self._outages += 1
             self._failures += 1
             self._state = Health.UNHEALTHY
             self._retry_at = self._clock() + self.backoff.delay(self._failures, self._rng())

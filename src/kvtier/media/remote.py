@@ -114,6 +114,11 @@ class RemoteStore:
         """False while the store is backing off after a failure (calls fail fast)."""
         return self.breaker.state is Health.HEALTHY
 
+    @property
+    def outages(self) -> int:
+        """Outages of the store so far (see ``CircuitBreaker.outages``)."""
+        return self.breaker.outages
+
     def ping(self) -> bool:
         """Contact the server now, if the breaker allows; whether it answered."""
         try:

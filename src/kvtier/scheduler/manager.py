@@ -103,6 +103,10 @@ class TierManager:
     def __contains__(self, key: object) -> bool:
         return key in self._blocks
 
+    def keys(self) -> list[BlockHash]:
+        """The resident keys (STORING or READY)."""
+        return list(self._blocks)
+
     def state(self, key: BlockHash) -> BlockState | None:
         """The block's state, or ``None`` when it is not resident."""
         blk = self._blocks.get(key)
@@ -331,6 +335,19 @@ class TierManager:
                 OffloadingEvent(tuple(gone), self.block_size, self.medium, removed=True)
             )
         return gone
+
+    def adopt(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
+        """Record blocks the medium holds without this process having stored them.
+
+        For a shared tier: another engine wrote them. They become READY here (evicting
+        index entries as a store would) and are counted as stored. Returns the keys
+        adopted: none when no room can be made.
+        """
+        out = self.prepare_store(block_hashes)
+        if out is None:
+            return []
+        self.complete_store(out.block_hashes_to_store)
+        return list(out.block_hashes_to_store)
 
     def count_seen(self, block_hashes: Sequence[BlockHash]) -> None:
         """Count a use of blocks for reuse-gated admission without a ``lookup``.

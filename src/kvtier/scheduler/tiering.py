@@ -6,7 +6,12 @@ Runs in the scheduler; pure Python. An inclusive, write-through hierarchy:
 * When a block becomes READY in the primary, it is queued for writing to each
   **secondary** tier in the background. The queue is bounded: when it is full, the
   write is skipped and counted (``writes_skipped``) -- the engine is never blocked.
-* ``lookup`` covers every tier: a run of blocks each READY in *some* tier.
+* ``lookup`` covers every tier: a run of blocks each READY in *some* tier. A *shared*
+  tier (remote) may hold blocks that other engines wrote: for keys no tier knows,
+  ``lookup`` asks it (``discover``, one batched existence check) and adopts what it
+  finds into that tier's index. A failing check is no hit, never an error. After an
+  outage of a shared store (it may have restarted empty) its index is forgotten and
+  rebuilt by later checks.
 * A block found only in a secondary tier is **promoted**: a CPU slot is prepared
   (STORING), the block is pinned in the secondary, a secondary→CPU job copies it, and
   ``complete_promotion`` makes it READY in CPU. Then it loads to the GPU as usual.
@@ -19,14 +24,28 @@ The connector drives the background work: ``prepare_writes`` hands out write job
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvtier.blocks import BlockHash, Medium
-from kvtier.errors import ConfigError, ProtocolError
+from kvtier.errors import ConfigError, KvtierError, ProtocolError
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.protocol import OffloadingEvent, PrepareStoreOutput
 from kvtier.specs import BlockIdsSpec, LoadStoreSpec
+
+
+class SharedStore(Protocol):
+    """What the tiering asks of a store that other engines write to (remote)."""
+
+    def exists_many(self, keys: Sequence[bytes]) -> Sequence[bool]:
+        """Which keys the store holds (one batched check; may raise ``KvtierError``)."""
+        ...
+
+    @property
+    def outages(self) -> int:
+        """How many outages the store has had: after one, its contents may be gone."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +93,7 @@ class TieredManager:
         primary: the tier engines load from and store into (CPU).
         secondaries: tiers behind it, searched in this order.
         max_pending_writes: bound of the write-through queue, in blocks per tier.
+        shared: the stores of shared tiers, by medium (see ``SharedStore``).
     """
 
     def __init__(
@@ -81,6 +101,7 @@ class TieredManager:
         primary: TierManager,
         secondaries: Sequence[TierManager],
         max_pending_writes: int = 1024,
+        shared: Mapping[Medium, SharedStore] | None = None,
     ) -> None:
         if max_pending_writes < 1:
             raise ConfigError("max_pending_writes", f"must be >= 1, got {max_pending_writes}")
@@ -88,6 +109,8 @@ class TieredManager:
         self.secondaries = tuple(secondaries)
         self.block_size = primary.block_size
         self.max_pending_writes = max_pending_writes
+        self._shared = dict(shared or {})
+        self._outages = {medium: store.outages for medium, store in self._shared.items()}
         self._queues: dict[Medium, OrderedDict[BlockHash, None]] = {
             t.medium: OrderedDict() for t in self.secondaries
         }
@@ -104,15 +127,46 @@ class TieredManager:
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """Length of the run of blocks, from the first, READY in some tier."""
+        self._forget_after_outages()
         n = self.primary.lookup(block_hashes)
         self._hits[self.primary.medium] += n
-        for key in block_hashes[n:]:
+        n += self._known_run(block_hashes[n:])
+        if n < len(block_hashes) and self._shared:
+            self._discover_run(block_hashes[n:])
+            n += self._known_run(block_hashes[n:])
+        return n
+
+    def _known_run(self, keys: Sequence[BlockHash]) -> int:
+        run = 0
+        for key in keys:
             tier = self.holder(key)
             if tier is None:
                 break
             self._hits[tier.medium] += 1
-            n += 1
-        return n
+            run += 1
+        return run
+
+    def _discover_run(self, keys: Sequence[BlockHash]) -> None:
+        """Adopt the leading keys that a shared tier holds (one existence check each)."""
+        for tier in self.secondaries:
+            store = self._shared.get(tier.medium)
+            if store is None:
+                continue
+            try:
+                found = store.exists_many(keys)
+            except KvtierError:
+                continue  # unreachable or unhealthy: no hits from it now
+            run = next((i for i, hit in enumerate(found) if not hit), len(found))
+            if run:
+                tier.adopt(keys[:run])
+                return
+
+    def _forget_after_outages(self) -> None:
+        for tier in self.secondaries:
+            store = self._shared.get(tier.medium)
+            if store is not None and store.outages != self._outages[tier.medium]:
+                self._outages[tier.medium] = store.outages
+                tier.discard(tier.keys())  # pinned blocks stay; their jobs will tell
 
     def holder(self, key: BlockHash) -> TierManager | None:
         """The first tier, primary first, where ``key`` is READY."""
