@@ -198,11 +198,13 @@ class TierManager:
                 raise ProtocolError(
                     f"complete_load: block {key.hex()[:16]} is not pinned by a load"
                 )
+        released = []
         for key, count in need.items():
             blk = self._blocks[key]
             blk.pins -= count
             if blk.pins == 0:
-                self.policy.release(key)
+                released.append(key)
+        self.policy.release_all(released)
 
     def prepare_store(self, block_hashes: Sequence[BlockHash]) -> PrepareStoreOutput | None:
         """Choose the keys to store, evict to make room, and return their slots.

@@ -31,7 +31,10 @@ class SegmentedPolicy(EvictionPolicy):
         return sum(len(segment) for segment in self._segments)
 
     def _segment(self, key: BlockHash) -> RecencyList[BlockHash]:
-        return next(segment for segment in self._segments if key in segment)
+        for segment in self._segments:  # a plain loop: this runs once per block moved
+            if key in segment:
+                return segment
+        raise KeyError(key)
 
     def remove(self, key: BlockHash) -> None:
         self._segment(key).remove(key)
