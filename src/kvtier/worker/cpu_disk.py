@@ -17,63 +17,24 @@ scheduler drops the whole job's blocks, as it does for any failed store.
 
 from __future__ import annotations
 
-import collections
-import logging
-import threading
-import time
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
 from kvtier.blocks import Medium
-from kvtier.errors import KvtierError
 from kvtier.media.disk import DiskStore
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec
-from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
-
-logger = logging.getLogger(__name__)
-
-MAX_ERRORS_SHOWN = 3
+from kvtier.specs import DiskLoadStoreSpec
+from kvtier.worker.handler import TransferSpec
+from kvtier.worker.pooled import PooledHandler, Task, host_pages, split_spec
 
 
-@dataclass(slots=True)
-class _Job:
-    """A job in flight (mutable; guarded by the handler's condition)."""
-
-    job_id: int
-    pending: int
-    bytes_moved: int = 0
-    errors: list[str] = field(default_factory=list)
-    started: float | None = None
-    ended: float | None = None
-    refused: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.pending == 0
-
-    def result(self) -> TransferResult:
-        if self.refused is not None:
-            return TransferResult.failed(self.job_id, self.refused)
-        seconds = (self.ended or 0.0) - (self.started or 0.0)
-        if not self.errors:
-            return TransferResult(self.job_id, True, self.bytes_moved, seconds)
-        shown = "; ".join(self.errors[:MAX_ERRORS_SHOWN])
-        more = len(self.errors) - MAX_ERRORS_SHOWN
-        error = f"{len(self.errors)} block(s) failed: {shown}" + (
-            f"; {more} more" if more > 0 else ""
-        )
-        return TransferResult(self.job_id, False, 0, seconds, error)
-
-
-class CpuDiskHandler(OffloadingHandler):
+class CpuDiskHandler(PooledHandler):
     """CPU->disk (stores) or disk->CPU (loads), finished in submission order.
 
     See ``OffloadingHandler`` for the contract. Build both with
-    ``CpuDiskOffloadingHandlers``.
+    ``CpuDiskOffloadingHandlers``. One task per block.
     """
 
     def __init__(
@@ -85,108 +46,37 @@ class CpuDiskHandler(OffloadingHandler):
         io_threads: int,
         slot_keys: dict[int, bytes] | None = None,
     ) -> None:
-        self.cpu_to_disk = cpu_to_disk
-        self.src_medium, self.dst_medium = (
-            (Medium.CPU, Medium.DISK) if cpu_to_disk else (Medium.DISK, Medium.CPU)
+        media = (Medium.CPU, Medium.DISK) if cpu_to_disk else (Medium.DISK, Medium.CPU)
+        super().__init__(
+            src_medium=media[0],
+            dst_medium=media[1],
+            io_threads=io_threads,
+            thread_name=f"kvtier-disk-{'store' if cpu_to_disk else 'load'}",
         )
+        self.cpu_to_disk = cpu_to_disk
         self._pages = pages
         self._store = store
         self._slot_keys = slot_keys  # disk slot -> key it holds; None: no tracking
-        direction = "store" if cpu_to_disk else "load"
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvtier-disk-{direction}")
-        self._cv = threading.Condition()
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._by_id: dict[int, _Job] = {}
-        self._shut = False
 
-    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
-        """Validate and submit; a refused job (False) is reported failed, in order."""
-        try:
-            blocks = self._plan(spec)
-        except (KvtierError, TypeError, ValueError, AttributeError) as exc:
-            return self._refuse(job_id, f"invalid transfer spec: {exc}")
-        job = _Job(job_id, pending=len(blocks))
-        with self._cv:
-            if self._shut:
-                job.refused, job.pending = "handler is shut down", 0
-            self._jobs.append(job)
-            self._by_id[job_id] = job
-            if job.refused is not None:
-                return False
-            submitted = 0
-            try:
-                for key, row, slot in blocks:
-                    self._pool.submit(self._run_block, job, key, row, slot)
-                    submitted += 1
-            except RuntimeError as exc:  # interpreter shutdown: report, do not raise
-                job.errors.append(f"not submitted: {exc}")
-                job.pending -= len(blocks) - submitted
-        return True
-
-    def _refuse(self, job_id: int, why: str) -> bool:
-        with self._cv:
-            job = _Job(job_id, pending=0, refused=why)
-            self._jobs.append(job)
-            self._by_id[job_id] = job
-        return False
-
-    def _plan(self, spec: TransferSpec) -> list[tuple[bytes, int, int]]:
-        src, dst = spec
-        cpu, disk = (src, dst) if self.cpu_to_disk else (dst, src)
-        if not isinstance(cpu, CPULoadStoreSpec) or not isinstance(disk, DiskLoadStoreSpec):
-            raise TypeError(
-                f"{self.src_medium}->{self.dst_medium} takes "
-                f"({'CPU' if self.cpu_to_disk else 'DISK'}, "
-                f"{'DISK' if self.cpu_to_disk else 'CPU'}) specs, got "
-                f"({type(src).__name__}, {type(dst).__name__})"
-            )
-        if len(cpu.block_ids) != len(disk.block_hashes):
-            raise ValueError(
-                f"{len(cpu.block_ids)} CPU blocks for {len(disk.block_hashes)} disk keys"
-            )
-        num_rows = self._pages.shape[0]
-        rows = [int(b) for b in cpu.block_ids]
-        bad = [r for r in rows if not 0 <= r < num_rows]
-        if bad:
-            raise ValueError(f"CPU block ids {bad[:5]} outside 0..{num_rows - 1}")
-        if not self.cpu_to_disk and len(set(rows)) != len(rows):
-            raise ValueError("a load writes two blocks into one CPU block")
+    def _plan(self, spec: TransferSpec) -> list[Task]:
+        rows, disk = split_spec(spec, self.cpu_to_disk, DiskLoadStoreSpec, self._pages.shape[0])
         slots = [int(b) for b in disk.block_ids] if self._slot_keys is not None else rows
         if len(slots) != len(rows):
             raise ValueError(f"{len(slots)} disk slots for {len(rows)} disk keys")
-        return [(bytes(k), r, d) for k, r, d in zip(disk.block_hashes, rows, slots, strict=True)]
+        return [
+            (f"block {bytes(k).hex()[:16]}", functools.partial(self._block, bytes(k), r, d))
+            for k, r, d in zip(disk.block_hashes, rows, slots, strict=True)
+        ]
 
-    def _run_block(self, job: _Job, key: bytes, row: int, slot: int) -> None:
-        start = time.perf_counter()
-        error: str | None = None
-        try:
-            if self.cpu_to_disk:
-                self._free_slot(slot, key)
-                self._store.write(key, self._pages[row])
-                if self._slot_keys is not None:
-                    self._slot_keys[slot] = key
-            else:
-                self._store.read_into(key, self._pages[row])
-        except KvtierError as exc:
-            error = str(exc)
-        except Exception as exc:  # a bug, but it must not take the engine down
-            logger.exception(
-                "disk %s of block %s raised",
-                "store" if self.cpu_to_disk else "load",
-                key.hex()[:16],
-            )
-            error = f"block {key.hex()[:16]}: unexpected {exc!r}"
-        end = time.perf_counter()
-        with self._cv:
-            job.started = start if job.started is None else min(job.started, start)
-            job.ended = end if job.ended is None else max(job.ended, end)
-            if error is None:
-                job.bytes_moved += self._pages.shape[1]
-            else:
-                job.errors.append(error)
-            job.pending -= 1
-            if job.done:
-                self._cv.notify_all()
+    def _block(self, key: bytes, row: int, slot: int) -> int:
+        if self.cpu_to_disk:
+            self._free_slot(slot, key)
+            self._store.write(key, self._pages[row])
+            if self._slot_keys is not None:
+                self._slot_keys[slot] = key
+        else:
+            self._store.read_into(key, self._pages[row])
+        return int(self._pages.shape[1])
 
     def _free_slot(self, slot: int, key: bytes) -> None:
         """Delete the block a reused disk slot held: the scheduler evicted it."""
@@ -195,28 +85,6 @@ class CpuDiskHandler(OffloadingHandler):
         old = self._slot_keys.pop(slot, None)
         if old is not None and old != key:
             self._store.delete(old)
-
-    def get_finished(self) -> list[TransferResult]:
-        """Jobs finished since the last call, in submission order; never blocks on I/O."""
-        out = []
-        with self._cv:
-            while self._jobs and self._jobs[0].done:
-                job = self._jobs.popleft()
-                del self._by_id[job.job_id]
-                out.append(job.result())
-        return out
-
-    def wait(self, job_ids: Iterable[int]) -> None:
-        """Block until the given jobs have finished (unknown or reported ids: no wait)."""
-        ids = list(job_ids)
-        with self._cv:
-            self._cv.wait_for(lambda: all(self._by_id[j].done for j in ids if j in self._by_id))
-
-    def shutdown(self) -> None:
-        """Finish the queued jobs, then refuse new ones. Idempotent."""
-        with self._cv:
-            self._shut = True
-        self._pool.shutdown(wait=True)
 
 
 class CpuDiskOffloadingHandlers:
@@ -245,16 +113,7 @@ class CpuDiskOffloadingHandlers:
         io_threads: int = 4,
         slot_keys: Mapping[int, bytes] | None = None,
     ) -> None:
-        if cpu_pages.dtype != torch.uint8 or cpu_pages.dim() != 2 or cpu_pages.device.type != "cpu":
-            raise ValueError(
-                f"cpu_pages must be a 2-D CPU uint8 tensor, got {cpu_pages.dtype} "
-                f"{tuple(cpu_pages.shape)} on {cpu_pages.device}"
-            )
-        if not cpu_pages.is_contiguous():
-            raise ValueError("cpu_pages must be contiguous")
-        if io_threads < 1:
-            raise ValueError(f"io_threads must be >= 1, got {io_threads}")
-        pages = cpu_pages.numpy()  # shares memory with the tensor
+        pages = host_pages(cpu_pages, io_threads)
         self.cpu_to_disk_handler = CpuDiskHandler(
             cpu_to_disk=True,
             pages=pages,

@@ -21,32 +21,17 @@ the handler, removes values (see ``docs/remote.md``).
 
 from __future__ import annotations
 
-import collections
-import logging
-import threading
-import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import functools
 
 import numpy as np
 import torch
 
 from kvtier.blocks import Medium
-from kvtier.errors import KvtierError
+from kvtier.errors import KvtierError, TransferError
 from kvtier.media.remote import ReadOutcome, RemoteStore
-from kvtier.specs import CPULoadStoreSpec, RemoteLoadStoreSpec
-from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
-
-logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class _Job:
-    """A job in flight; ``result`` is set once it has finished (guarded by the condition)."""
-
-    job_id: int
-    result: TransferResult | None = None
+from kvtier.specs import RemoteLoadStoreSpec
+from kvtier.worker.handler import TransferSpec
+from kvtier.worker.pooled import PooledHandler, Task, host_pages, split_spec
 
 
 def _describe_misses(keys: list[bytes], outcomes: list[ReadOutcome]) -> str:
@@ -63,135 +48,53 @@ def _describe_misses(keys: list[bytes], outcomes: list[ReadOutcome]) -> str:
     )
 
 
-class CpuRemoteHandler(OffloadingHandler):
+class CpuRemoteHandler(PooledHandler):
     """CPU->remote (stores) or remote->CPU (loads), finished in submission order.
 
     See ``OffloadingHandler`` for the contract. Build both with
-    ``CpuRemoteOffloadingHandlers``.
+    ``CpuRemoteOffloadingHandlers``. One task per job: a pipelined batch.
     """
 
     def __init__(
         self, *, cpu_to_remote: bool, pages: np.ndarray, store: RemoteStore, io_threads: int
     ) -> None:
-        self.cpu_to_remote = cpu_to_remote
-        self.src_medium, self.dst_medium = (
-            (Medium.CPU, Medium.REMOTE) if cpu_to_remote else (Medium.REMOTE, Medium.CPU)
+        media = (Medium.CPU, Medium.REMOTE) if cpu_to_remote else (Medium.REMOTE, Medium.CPU)
+        super().__init__(
+            src_medium=media[0],
+            dst_medium=media[1],
+            io_threads=io_threads,
+            thread_name=f"kvtier-remote-{'store' if cpu_to_remote else 'load'}",
         )
+        self.cpu_to_remote = cpu_to_remote
         self._pages = pages
         self._store = store
-        direction = "store" if cpu_to_remote else "load"
-        self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=f"kvtier-remote-{direction}")
-        self._cv = threading.Condition()
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._by_id: dict[int, _Job] = {}
-        self._shut = False
 
-    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
-        """Validate and submit; a refused job (False) is reported failed, in order."""
-        try:
-            keys, rows = self._plan(spec)
-        except (KvtierError, TypeError, ValueError, AttributeError) as exc:
-            return self._refuse(job_id, f"invalid transfer spec: {exc}")
-        with self._cv:
-            if self._shut:
-                return self._refuse(job_id, "handler is shut down")
-            job = _Job(job_id)
-            self._jobs.append(job)
-            self._by_id[job_id] = job
-            try:
-                self._pool.submit(self._run_job, job, keys, rows)
-            except RuntimeError as exc:  # interpreter shutdown: report, do not raise
-                job.result = TransferResult.failed(job_id, f"not submitted: {exc}")
-        return True
-
-    def _refuse(self, job_id: int, why: str) -> bool:
-        with self._cv:
-            job = _Job(job_id, TransferResult.failed(job_id, why))
-            self._jobs.append(job)
-            self._by_id[job_id] = job
-        return False
-
-    def _plan(self, spec: TransferSpec) -> tuple[list[bytes], list[int]]:
-        src, dst = spec
-        cpu, remote = (src, dst) if self.cpu_to_remote else (dst, src)
-        if not isinstance(cpu, CPULoadStoreSpec) or not isinstance(remote, RemoteLoadStoreSpec):
-            names = ("CPU", "REMOTE") if self.cpu_to_remote else ("REMOTE", "CPU")
-            raise TypeError(
-                f"{self.src_medium}->{self.dst_medium} takes ({names[0]}, {names[1]}) specs, "
-                f"got ({type(src).__name__}, {type(dst).__name__})"
-            )
-        if len(cpu.block_ids) != len(remote.block_hashes):
-            raise ValueError(
-                f"{len(cpu.block_ids)} CPU blocks for {len(remote.block_hashes)} remote keys"
-            )
-        num_rows = self._pages.shape[0]
-        rows = [int(b) for b in cpu.block_ids]
-        bad = [r for r in rows if not 0 <= r < num_rows]
-        if bad:
-            raise ValueError(f"CPU block ids {bad[:5]} outside 0..{num_rows - 1}")
-        if not self.cpu_to_remote and len(set(rows)) != len(rows):
-            raise ValueError("a load writes two blocks into one CPU block")
+    def _plan(self, spec: TransferSpec) -> list[Task]:
+        rows, remote = split_spec(
+            spec, self.cpu_to_remote, RemoteLoadStoreSpec, self._pages.shape[0]
+        )
         keys = [bytes(k) for k in remote.block_hashes]
         for k in keys:
             self._store.redis_key(k)  # checks the key's length
-        return keys, rows
+        verb = "store" if self.cpu_to_remote else "load"
+        return [(f"remote {verb}", functools.partial(self._batch, keys, rows))]
 
-    def _run_job(self, job: _Job, keys: list[bytes], rows: list[int]) -> None:
-        start = time.perf_counter()
-        error: str | None = None
+    def _batch(self, keys: list[bytes], rows: list[int]) -> int:
         pages = [self._pages[r] for r in rows]
-        try:
-            if self.cpu_to_remote:
-                self._store.write_many(keys, pages)
-            else:
-                outcomes = self._store.read_many_into(keys, pages)
-                if any(o is not ReadOutcome.HIT for o in outcomes):
-                    error = _describe_misses(keys, outcomes)
-        except KvtierError as exc:
-            error = str(exc)
-        except Exception as exc:  # a bug, but it must not take the engine down
-            logger.exception("remote %s of job %d raised", self._verb, job.job_id)
-            error = f"unexpected {exc!r}"
-            if not self.cpu_to_remote:
-                for page in pages:
-                    page[:] = 0
-        seconds = time.perf_counter() - start
-        if error is None:
-            result = TransferResult(job.job_id, True, len(rows) * self._pages.shape[1], seconds)
+        if self.cpu_to_remote:
+            self._store.write_many(keys, pages)
         else:
-            result = TransferResult(job.job_id, False, 0, seconds, f"remote {self._verb}: {error}")
-        with self._cv:
-            job.result = result
-            self._cv.notify_all()
-
-    @property
-    def _verb(self) -> str:
-        return "store" if self.cpu_to_remote else "load"
-
-    def get_finished(self) -> list[TransferResult]:
-        """Jobs finished since the last call, in submission order; never blocks on I/O."""
-        out = []
-        with self._cv:
-            while self._jobs and self._jobs[0].result is not None:
-                job = self._jobs.popleft()
-                del self._by_id[job.job_id]
-                assert job.result is not None
-                out.append(job.result)
-        return out
-
-    def wait(self, job_ids: Iterable[int]) -> None:
-        """Block until the given jobs have finished (unknown or reported ids: no wait)."""
-        ids = list(job_ids)
-        with self._cv:
-            self._cv.wait_for(
-                lambda: all(self._by_id[j].result is not None for j in ids if j in self._by_id)
-            )
-
-    def shutdown(self) -> None:
-        """Finish the queued jobs, then refuse new ones. Idempotent."""
-        with self._cv:
-            self._shut = True
-        self._pool.shutdown(wait=True)
+            try:
+                outcomes = self._store.read_many_into(keys, pages)
+            except KvtierError:
+                raise
+            except Exception:
+                for page in pages:  # no plausible wrong bytes left behind
+                    page[:] = 0
+                raise
+            if any(o is not ReadOutcome.HIT for o in outcomes):
+                raise TransferError(_describe_misses(keys, outcomes))
+        return len(rows) * int(self._pages.shape[1])
 
 
 class CpuRemoteOffloadingHandlers:
@@ -206,16 +109,7 @@ class CpuRemoteOffloadingHandlers:
     """
 
     def __init__(self, cpu_pages: torch.Tensor, remote_store: RemoteStore, io_threads: int = 2):
-        if cpu_pages.dtype != torch.uint8 or cpu_pages.dim() != 2 or cpu_pages.device.type != "cpu":
-            raise ValueError(
-                f"cpu_pages must be a 2-D CPU uint8 tensor, got {cpu_pages.dtype} "
-                f"{tuple(cpu_pages.shape)} on {cpu_pages.device}"
-            )
-        if not cpu_pages.is_contiguous():
-            raise ValueError("cpu_pages must be contiguous")
-        if io_threads < 1:
-            raise ValueError(f"io_threads must be >= 1, got {io_threads}")
-        pages = cpu_pages.numpy()  # shares memory with the tensor
+        pages = host_pages(cpu_pages, io_threads)
         self.cpu_to_remote_handler = CpuRemoteHandler(
             cpu_to_remote=True, pages=pages, store=remote_store, io_threads=io_threads
         )
