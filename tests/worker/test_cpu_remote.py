@@ -204,9 +204,15 @@ def test_shutdown_finishes_queued_jobs_then_refuses(
 
 def test_bad_pages_are_refused(server: RedisServer) -> None:
     store = RemoteStore.open(FP, RemoteOptions(url=server.url), environ={})
-    for bad in (torch.zeros(4, 8, dtype=torch.float16), torch.zeros(8, 4, dtype=torch.uint8).t()):
+    try:
+        for bad in (
+            torch.zeros(4, 8, dtype=torch.float16),
+            torch.zeros(8, 4, dtype=torch.uint8).t(),
+        ):
+            with pytest.raises(ValueError):
+                CpuRemoteOffloadingHandlers(bad, store)
         with pytest.raises(ValueError):
-            CpuRemoteOffloadingHandlers(bad, store)
-    with pytest.raises(ValueError):
-        CpuRemoteOffloadingHandlers(torch.zeros(4, 8, dtype=torch.uint8), store, io_threads=0)
-    assert np.asarray(store.exists_many([key(1)])).tolist() == [False]
+            CpuRemoteOffloadingHandlers(torch.zeros(4, 8, dtype=torch.uint8), store, io_threads=0)
+        assert np.asarray(store.exists_many([key(1)])).tolist() == [False]
+    finally:
+        store.close()

@@ -133,6 +133,10 @@ class RemoteStore:
             client, self._client = self._client, None
         if client is not None:
             client.close()
+            # A client over a pool it was given does not close that pool's sockets.
+            pool = getattr(client, "connection_pool", None)
+            if pool is not None:
+                pool.disconnect()
 
     # -- keys ------------------------------------------------------------------------
 
