@@ -9,16 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from kvtier.engine import ModelSize, build_model
-
-TINY = ModelSize(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    max_position_embeddings=1024,
-)
+from tests.tiny import TINY
 
 
 @pytest.fixture(scope="session")

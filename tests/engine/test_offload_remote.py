@@ -28,7 +28,7 @@ CHILD = """
 import json, sys, torch
 torch.set_num_threads(1)
 from kvtier.engine import LLM, build_model
-from tests.engine.conftest import TINY
+from tests.tiny import TINY
 cfg = json.loads(sys.argv[1])
 prompts = json.loads(sys.argv[2])
 with LLM(model=build_model(TINY, seed=0, device="cpu"), num_gpu_blocks=40, block_size=4,
@@ -55,6 +55,10 @@ def remote_cfg(url: str) -> dict[str, Any]:
         "remote_timeout_s": 0.5,
         "remote_backoff_s": 0.05,
     }
+
+
+def remote_llm(model: Any, url: str) -> LLM:
+    return LLM(model=model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=remote_cfg(url))
 
 
 def generate_all(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], int, int]:
@@ -93,12 +97,7 @@ def test_a_second_engine_process_hits_what_the_first_computed(
     )
     assert json.loads(first.stdout) == baseline[:4]
     # This engine never computed them: its first turns come from Redis.
-    with LLM(
-        model=tiny_model,
-        num_gpu_blocks=GPU_BLOCKS,
-        block_size=PAGE,
-        offload=remote_cfg(redis_server.url),
-    ) as llm:
+    with remote_llm(tiny_model, redis_server.url) as llm:
         outs, remote_hits, failed = generate_all(llm, prompts[:4])
     assert outs == baseline[:4]
     assert remote_hits > 0 and failed == 0
@@ -108,21 +107,11 @@ def test_a_different_model_never_hits(
     tiny_model: Any, tiny_size: ModelSize, redis_server: RedisServer
 ) -> None:
     prompts = chats()[:4]
-    with LLM(
-        model=tiny_model,
-        num_gpu_blocks=GPU_BLOCKS,
-        block_size=PAGE,
-        offload=remote_cfg(redis_server.url),
-    ) as llm:
+    with remote_llm(tiny_model, redis_server.url) as llm:
         generate_all(llm, prompts)
     other = build_model(tiny_size, seed=1, device="cpu")  # same shape, other weights
     other.config.name_or_path = "other-model"
-    with LLM(
-        model=other,
-        num_gpu_blocks=GPU_BLOCKS,
-        block_size=PAGE,
-        offload=remote_cfg(redis_server.url),
-    ) as llm:
+    with remote_llm(other, redis_server.url) as llm:
         _, remote_hits, _ = generate_all(llm, prompts)
     assert remote_hits == 0
 
@@ -132,12 +121,7 @@ def test_redis_killed_mid_run_then_back(
 ) -> None:
     prompts = chats()
     outs: list[list[int]] = []
-    with LLM(
-        model=tiny_model,
-        num_gpu_blocks=GPU_BLOCKS,
-        block_size=PAGE,
-        offload=remote_cfg(redis_server.url),
-    ) as llm:
+    with remote_llm(tiny_model, redis_server.url) as llm:
         part, hits_before, _ = generate_all(llm, prompts[:8])
         outs += part
         redis_server.kill()

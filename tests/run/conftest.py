@@ -8,18 +8,9 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from kvtier.engine import ModelSize, build_model
+from kvtier.engine import build_model
 from kvtier.run.workload import WorkloadSpec
-
-TINY = ModelSize(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    max_position_embeddings=1024,
-)
+from tests.tiny import TINY
 
 TINY_WORKLOAD = WorkloadSpec(
     conversations=3, turns=3, system_tokens=40, user_tokens=(10, 30), answer_tokens=(3, 6)

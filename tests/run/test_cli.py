@@ -10,8 +10,7 @@ import pytest
 from kvtier import cli
 from kvtier.engine import LLM, NoOpConnector
 from kvtier.run import job
-
-from .conftest import TINY
+from tests.tiny import TINY
 
 TINY_ARGS = [
     "--conversations", "3", "--turns", "3", "--system-tokens", "40",

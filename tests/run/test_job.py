@@ -13,8 +13,9 @@ from kvtier.engine.connector_api import OffloadStats
 from kvtier.run.configs import Configuration, TierSizes, build_configurations
 from kvtier.run.job import ConfigRun, TurnResult, compare_outputs, run_job
 from kvtier.run.workload import Chat, generate_workload
+from tests.tiny import TINY
 
-from .conftest import TINY, TINY_WORKLOAD
+from .conftest import TINY_WORKLOAD
 
 BLOCK = 4
 
