@@ -72,3 +72,14 @@ def test_write_then_read_round_trips(tmp_path: Path) -> None:
     again = read_mooncake(path)
     assert again.requests == trace.requests
     assert path.read_text().splitlines()[0] == GOOD
+
+
+def test_shipped_trace_is_the_published_one_byte_for_byte() -> None:
+    """The in-package copy of Mooncake's trace matches the checksum its provenance records."""
+    import hashlib
+
+    from kvtier.sim.traces import SYNTHETIC_TRACE, SYNTHETIC_TRACE_SHA256
+
+    assert hashlib.sha256(SYNTHETIC_TRACE.read_bytes()).hexdigest() == SYNTHETIC_TRACE_SHA256
+    sources = (SYNTHETIC_TRACE.parent / "SOURCES.md").read_text()
+    assert SYNTHETIC_TRACE_SHA256 in sources

@@ -1,7 +1,7 @@
 """Belady's offline reference: evict the block whose next use is farthest away.
 
 Runs anywhere (pure Python, offline: it reads the whole trace first). It is the
-yardstick of ``kvtier simulate``, defined as in ``shared/data/traces/SOURCES.md``:
+yardstick of ``kvtier simulate``, defined as in ``docs/simulate.md``:
 
 1. each request's hit is its prefix hit -- the longest run of resident blocks from
    its first block (as an online ``lookup`` would report);

@@ -27,11 +27,12 @@ from kvtier.sim.metrics import HitRatios
 from kvtier.sim.progress import Progress
 from kvtier.sim.sweep import SweepPoint, point_to_json, run_sweep, run_to_json
 from kvtier.sim.trace import DEFAULT_BLOCK_SIZE, Trace, read_mooncake
+from kvtier.sim.traces import SYNTHETIC_TRACE
 from kvtier.sim.workload import WorkloadConfig, generate
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
-DEFAULT_TRACE = _REPO_ROOT.parent / "shared" / "data" / "traces" / "synthetic_trace.jsonl"
-"""The trace used when none is given, if it exists (a development checkout)."""
+DEFAULT_TRACE = SYNTHETIC_TRACE
+"""The trace used when none is given: Mooncake's synthetic trace, shipped in the package."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@
 Runs in the ``kvtier simulate`` process; pure Python, no torch. The replay drives the
 same ``OffloadingManager`` code, with the same eviction policies, that an engine runs
 -- not a model of them -- following the engine's flow for each request, exactly as
-``shared/data/traces/SOURCES.md`` defines it::
+``docs/simulate.md`` defines it::
 
     hit = lookup(keys)                   # longest run of ready blocks from the first
     touch(keys)                          # the resident blocks are used again
