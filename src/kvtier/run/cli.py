@@ -255,9 +255,7 @@ def _run_and_report(
     print(describe_setup(workload, gpu_blocks, args.block_size, kv_bytes))
     for c in configs:
         shown = "no offloading" if c.offload is None else dict(c.offload)
-        print(
-            f"config {c.name}: {shown}" + (f" -- skipped: {c.skip_reason}" if c.skip_reason else "")
-        )
+        print(f"config {c.name}: {shown}")
     sys.stdout.flush()
     progress = None if args.no_progress else sys.stderr
     runs = run_job(model, workload, configs, gpu_blocks, args.block_size, progress)
