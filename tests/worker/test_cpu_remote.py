@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvtier.blocks import BlockHash, BlockId
-from kvtier.media.health import Backoff, CircuitBreaker
+from kvtier.media.circuit_breaker import Backoff, CircuitBreaker
 from kvtier.media.remote import RemoteOptions, RemoteStore
 from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
