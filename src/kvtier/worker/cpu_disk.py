@@ -31,7 +31,7 @@ from kvtier.blocks import Medium
 from kvtier.media.disk import DiskStore
 from kvtier.specs import DiskLoadStoreSpec
 from kvtier.worker.handler import TransferSpec
-from kvtier.worker.pooled import PooledHandler, Task, host_pages, split_spec
+from kvtier.worker.thread_pool_handler import PooledHandler, Task, host_pages, split_spec
 
 
 class CpuDiskHandler(PooledHandler):
