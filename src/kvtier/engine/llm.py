@@ -29,7 +29,7 @@ from kvtier.engine.model_runner import ModelRunner
 from kvtier.engine.models import load_model, model_fingerprint
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.engine.request import Request
-from kvtier.engine.scheduler import Scheduler
+from kvtier.engine.request_scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockHasher
