@@ -10,10 +10,10 @@ import pytest
 
 from kvtier.blocks import Medium
 from kvtier.errors import TransferError
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.discovery import Discovery
 from kvtier.scheduler.tiering import TieredManager
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec
 
 from .conftest import keys
 

@@ -9,7 +9,7 @@ import torch
 
 from kvtier.blocks import Medium
 from kvtier.errors import ProtocolError
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker import (
     CpuGpuOffloadingHandlers,
     KVLayout,

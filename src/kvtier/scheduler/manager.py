@@ -27,9 +27,9 @@ from dataclasses import dataclass, fields
 
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
+from kvtier.load_store_specs import SPEC_BY_MEDIUM, BlockIdsSpec
 from kvtier.scheduler.policies import EvictionPolicy, make_policy
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
-from kvtier.specs import SPEC_BY_MEDIUM, BlockIdsSpec
 
 
 class BlockState(enum.Enum):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvtier.blocks import BlockHash, Medium
-from kvtier.specs import LoadStoreSpec
+from kvtier.load_store_specs import LoadStoreSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.errors import ProtocolError
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 
 
 def expand_block_ids(

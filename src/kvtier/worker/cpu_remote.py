@@ -28,8 +28,8 @@ import torch
 
 from kvtier.blocks import Medium
 from kvtier.errors import KvtierError, TransferError
+from kvtier.load_store_specs import RemoteLoadStoreSpec
 from kvtier.media.remote import ReadOutcome, RemoteStore
-from kvtier.specs import RemoteLoadStoreSpec
 from kvtier.worker.handler import TransferSpec
 from kvtier.worker.thread_pool_handler import PooledHandler, Task, host_pages, split_spec
 

@@ -24,8 +24,8 @@ import torch
 
 from kvtier.blocks import Medium
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.media.pinned import HostSlab
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker.blockmap import plan_rows
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvtier.worker.kv_view import KVCacheView, KVLayout, kv_cache_view

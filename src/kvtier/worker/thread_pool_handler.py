@@ -25,7 +25,7 @@ import torch
 
 from kvtier.blocks import Medium
 from kvtier.errors import KvtierError
-from kvtier.specs import BlockIdsSpec, CPULoadStoreSpec, KeyedBlocksSpec
+from kvtier.load_store_specs import BlockIdsSpec, CPULoadStoreSpec, KeyedBlocksSpec
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 
 logger = logging.getLogger(__name__)
