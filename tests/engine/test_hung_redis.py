@@ -19,7 +19,7 @@ import pytest
 from kvtier.blocks import BlockHash, Medium
 from kvtier.engine import LLM
 from kvtier.keys import ModelFingerprint
-from kvtier.spec import KVGeometry, OffloadingSpec
+from kvtier.offloading_spec import KVGeometry, OffloadingSpec
 from tests.redis_server import RedisServer
 
 from .workload import GPU_BLOCKS, PAGE, chats

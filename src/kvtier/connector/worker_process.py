@@ -31,7 +31,7 @@ from kvtier.jobs import TransferJob, TransferResult
 if TYPE_CHECKING:
     import torch
 
-    from kvtier.spec import KVGeometry
+    from kvtier.offloading_spec import KVGeometry
 
 _IDLE_POLL_S = 0.001
 """How long the child waits for a message before it looks for finished jobs again."""
@@ -166,7 +166,7 @@ def _serve(
 ) -> None:
     """The child's loop: build the worker half, then serve messages until Shutdown."""
     from kvtier.connector.worker_half import ConnectorWorker
-    from kvtier.spec import OffloadingSpec
+    from kvtier.offloading_spec import OffloadingSpec
 
     try:
         worker = ConnectorWorker.from_spec(OffloadingSpec(config, geometry), kv_caches)

@@ -33,7 +33,7 @@ from kvtier.engine.request_scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockHasher
-from kvtier.spec import KVGeometry, OffloadingSpec
+from kvtier.offloading_spec import KVGeometry, OffloadingSpec
 
 _POLL_INTERVAL_S = 1e-4
 """Sleep between polls while every request waits on the connector."""

@@ -17,8 +17,8 @@ from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.media.disk_layout import block_file_size
+from kvtier.offloading_spec import KVGeometry, OffloadingSpec
 from kvtier.scheduler.tiering import TieredManager
-from kvtier.spec import KVGeometry, OffloadingSpec
 
 LAYERS, PAGE, HEADS, HEAD_DIM = 2, 4, 2, 8
 PAGE_BYTES = LAYERS * 2 * PAGE * HEADS * HEAD_DIM * 2  # float16: 512
