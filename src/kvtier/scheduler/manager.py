@@ -327,6 +327,14 @@ class TierManager:
         events, self._events = self._events, []
         return events
 
+    @property
+    def has_pending_work(self) -> bool:
+        """A tier alone does no background work."""
+        return False
+
+    def shutdown(self) -> None:
+        """Nothing to stop (see ``TieredManager.shutdown``)."""
+
     def restore(self, block_hashes: Sequence[BlockHash]) -> list[BlockId]:
         """Adopt blocks a persistent medium already holds, coldest first, as READY.
 
