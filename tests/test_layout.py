@@ -22,7 +22,7 @@ class NoTorch:
 sys.meta_path.insert(0, NoTorch())
 import kvtier.scheduler, kvtier.sim
 modules = [
-    "kvtier.blocks", "kvtier.config", "kvtier.errors", "kvtier.keys", "kvtier.specs",
+    "kvtier.blocks", "kvtier.config", "kvtier.errors", "kvtier.keys", "kvtier.load_store_specs",
     "kvtier.jobs", "kvtier.connector", "kvtier.connector.scheduler_half",
     "kvtier.connector.stats", "kvtier.scheduler.tiering", "kvtier.scheduler.discovery",
 ]

@@ -9,7 +9,9 @@
     ├── TransferError           a transfer could not be submitted or its bytes are bad
     │   └── IntegrityError      stored bytes failed verification (a miss, never served)
     ├── ProtocolError           a caller broke the OffloadingManager / handler protocol
-    │                           (load of a block that is not ready, unpin below zero, ...)
+    │   │                       (load of a block that is not ready, unpin below zero, ...)
+    │   └── TransferSpecError   a transfer spec is malformed: media the handler does not
+    │                           move, counts that differ, an id out of range
     └── TraceError              a workload trace is malformed (names the line)
 
 ``assert`` is used only for internal invariants that no user input can reach.
@@ -59,6 +61,12 @@ class IntegrityError(TransferError):
 
 class ProtocolError(KvtierError):
     """A caller broke a protocol: the message says which call and which block."""
+
+
+class TransferSpecError(ProtocolError, ValueError):
+    """A transfer spec is malformed (wrong media or spec types for the handler, counts
+    that differ, a block id out of range, a destination written twice). Handlers
+    refuse such a job and report it failed; it never reaches a copy."""
 
 
 class TraceError(KvtierError, ValueError):

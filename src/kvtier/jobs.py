@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kvtier.specs import LoadStoreSpec
+from kvtier.load_store_specs import LoadStoreSpec
 
 TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
 """``(src_spec, dst_spec)`` of one job."""

@@ -14,9 +14,9 @@ import pytest
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.connector.scheduler_half import ConnectorScheduler, LoadDone, Progress
 from kvtier.jobs import JobKind, TransferJob, TransferResult
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.tiering import TieredManager
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 
 PAGE = 4
 

@@ -19,7 +19,7 @@ import pytest
 from kvtier.blocks import BlockHash, Medium
 from kvtier.engine import LLM
 from kvtier.keys import ModelFingerprint
-from kvtier.spec import KVGeometry, OffloadingSpec
+from kvtier.offloading_spec import KVGeometry, OffloadingSpec
 from tests.redis_server import RedisServer
 
 from .workload import GPU_BLOCKS, PAGE, chats
@@ -51,7 +51,7 @@ def test_lookup_returns_while_redis_is_stopped(server: RedisServer) -> None:
     spec.remote_store().write_many(keys[:3], [np.zeros(2048, np.uint8)] * 3)  # another engine's
     server.pause()
     assert manager.lookup(keys) == 0  # returns: the check runs in the background
-    assert manager.discovering(keys), "the check is still waiting on the stopped server"
+    assert manager.has_pending_work, "the check is still waiting on the stopped server"
     assert manager.lookup(keys) == 0 and manager.lookup_known(keys) == 0
     server.resume()
     manager.wait_discoveries()

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from kvtier.blocks import BlockId
-from kvtier.engine.kv_pool import KVLayout, KVPool
+from kvtier.engine.kv_pool import KVPool, KVShape
 from kvtier.errors import ConfigError
 
-LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.float32)
+LAYOUT = KVShape(num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.float32)
 
 
 def test_layout_is_what_the_worker_side_accepts(tiny_model) -> None:
-    layout = KVLayout.of_model(tiny_model)
+    layout = KVShape.of_model(tiny_model)
     assert (layout.num_layers, layout.num_kv_heads, layout.head_dim) == (2, 2, 16)
     pool = KVPool(layout, num_blocks=5, block_size=4, device=torch.device("cpu"))
     assert len(pool.kv_caches) == 2

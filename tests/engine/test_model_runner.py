@@ -9,7 +9,7 @@ import torch
 
 from kvtier.blocks import BlockId
 from kvtier.engine.hf_compat import cache_from_past, layer_kv
-from kvtier.engine.kv_pool import KVLayout, KVPool
+from kvtier.engine.kv_pool import KVPool, KVShape
 from kvtier.engine.model_runner import ModelRunner, SeqInput
 from kvtier.errors import ProtocolError
 
@@ -17,7 +17,7 @@ BLOCK = 4
 
 
 def make_runner(model, num_blocks: int = 64) -> ModelRunner:
-    pool = KVPool(KVLayout.of_model(model), num_blocks, BLOCK, torch.device("cpu"))
+    pool = KVPool(KVShape.of_model(model), num_blocks, BLOCK, torch.device("cpu"))
     return ModelRunner(model, pool)
 
 

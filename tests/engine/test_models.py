@@ -89,16 +89,16 @@ def test_not_a_checkpoint(tmp_path) -> None:
 def test_fingerprint_ignores_bookkeeping_but_not_the_architecture(tiny_size) -> None:  # type: ignore[no-untyped-def]
     # Saving a checkpoint sets config.architectures; that must not change the keys,
     # while anything that changes the KV bytes must.
-    from kvtier.engine.kv_pool import KVLayout
+    from kvtier.engine.kv_pool import KVShape
     from kvtier.engine.models import model_fingerprint
 
     a = build_model(tiny_size, seed=0, device="cpu")
-    fp = model_fingerprint(a, KVLayout.of_model(a), 4, None)
+    fp = model_fingerprint(a, KVShape.of_model(a), 4, None)
     a.config.architectures = ["LlamaForCausalLM"]
     a.config.use_cache = not a.config.use_cache
-    assert model_fingerprint(a, KVLayout.of_model(a), 4, None) == fp
+    assert model_fingerprint(a, KVShape.of_model(a), 4, None) == fp
     a.config.rope_theta = 1234.0
-    assert model_fingerprint(a, KVLayout.of_model(a), 4, None) != fp
-    assert model_fingerprint(a, KVLayout.of_model(a), 4, seed=1) != model_fingerprint(
-        a, KVLayout.of_model(a), 4, seed=2
+    assert model_fingerprint(a, KVShape.of_model(a), 4, None) != fp
+    assert model_fingerprint(a, KVShape.of_model(a), 4, seed=1) != model_fingerprint(
+        a, KVShape.of_model(a), 4, seed=2
     )

@@ -71,3 +71,36 @@ def test_worker_half_in_a_child_process_gives_identical_tokens(
     assert child["loaded"] > 0 and child["failed"] == 0
     if tier == "disk":
         assert child["disk"] > 0
+
+
+def test_a_worker_process_that_dies_costs_recompute_not_the_engine(
+    tiny_model: Any, baseline: list[list[int]]
+) -> None:
+    offload = {"cpu_bytes_to_use": "8MiB", "block_size": PAGE}
+    prompts = chats()
+    outs: list[list[int]] = []
+    failed_loads = failed_stores = loaded_after = 0
+    with LLM(
+        model=tiny_model,
+        num_gpu_blocks=GPU_BLOCKS,
+        block_size=PAGE,
+        offload=offload,
+        worker_process=True,
+    ) as llm:
+        assert isinstance(llm.connector, OffloadingConnector)
+        worker = llm.connector.worker
+        assert isinstance(worker, WorkerProcess)
+        for p in prompts[:6]:
+            outs += llm.generate([p], max_new_tokens=4)
+            llm.connector.flush()
+        worker._proc.kill()  # the child's host slab, and everything in it, is gone
+        worker._proc.join()
+        for p in prompts[6:]:
+            outs += llm.generate([p], max_new_tokens=4)
+            assert llm.last_stats is not None
+            failed_loads += llm.last_stats.offload.failed_loads
+            failed_stores += llm.last_stats.offload.failed_stores
+            loaded_after += llm.last_stats.offload.loaded_blocks
+    assert outs == baseline
+    assert failed_loads > 0 and failed_stores > 0, "jobs after the death were failed"
+    assert loaded_after == 0, "nothing can load from a dead worker"

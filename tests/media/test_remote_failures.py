@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kvtier.errors import TransferError
-from kvtier.media.health import Backoff, CircuitBreaker, Health
+from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
 
 from ..redis_server import RedisServer

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvtier.media.health import Backoff, CircuitBreaker, Health
+from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 
 
 class Clock:

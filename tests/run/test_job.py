@@ -31,7 +31,6 @@ def test_runner_replays_the_chat_exactly_as_a_plain_engine_would(
     pool = _pool(workload.max_request_tokens)
     progress = io.StringIO()
     (run,) = run_job(tiny_model, workload, [Configuration("none", None)], pool, BLOCK, progress)
-    assert not run.skipped
     assert [(t.conversation, t.turn) for t in run.turns] == [
         (t.conversation, t.index) for t in workload.turns
     ]
@@ -57,19 +56,11 @@ def test_runner_replays_the_chat_exactly_as_a_plain_engine_would(
     assert any(t.gpu_hit_tokens >= TINY_WORKLOAD.system_tokens // BLOCK * BLOCK for t in run.turns)
 
 
-def test_identical_engines_give_identical_outputs_and_skips_are_carried(
-    tiny_model: PreTrainedModel,
-) -> None:
+def test_identical_engines_give_identical_outputs(tiny_model: PreTrainedModel) -> None:
     workload = generate_workload(TINY_WORKLOAD, TINY.vocab_size)
-    configs = [
-        Configuration("a", None),
-        Configuration("b", None),
-        Configuration("c", {"cpu_bytes_to_use": 1}, "not wired here"),
-    ]
+    configs = [Configuration("a", None), Configuration("b", None)]
     runs = run_job(tiny_model, workload, configs, _pool(workload.max_request_tokens), BLOCK, None)
-    assert [r.config.name for r in runs] == ["a", "b", "c"]
-    assert runs[2].skipped and runs[2].turns == ()
-    assert runs[2].config.skip_reason == "not wired here"
+    assert [r.config.name for r in runs] == ["a", "b"]
     assert compare_outputs(runs) == ()
 
 
@@ -81,9 +72,8 @@ def test_compare_outputs_names_the_first_differing_token() -> None:
     base = ConfigRun(Configuration("none", None), (_turn(0, 0, (1, 2, 3)), _turn(1, 0, (4, 5))))
     same = ConfigRun(Configuration("cpu", {}), (_turn(0, 0, (1, 2, 3)), _turn(1, 0, (4, 5))))
     diff = ConfigRun(Configuration("disk", {}), (_turn(0, 0, (1, 2, 3)), _turn(1, 0, (4, 6))))
-    skipped = ConfigRun(Configuration("x", {}, "not wired"))
-    assert compare_outputs([base, same, skipped]) == ()
-    (m,) = compare_outputs([base, same, diff, skipped])
+    assert compare_outputs([base, same]) == ()
+    (m,) = compare_outputs([base, same, diff])
     assert (m.config, m.baseline, m.conversation, m.turn, m.position) == ("disk", "none", 1, 0, 1)
     shorter = ConfigRun(Configuration("s", {}), (_turn(0, 0, (1, 2)), _turn(1, 0, (4, 5))))
     assert compare_outputs([base, shorter])[0].position == 2
@@ -107,7 +97,6 @@ def test_offloading_serves_late_turns_and_changes_no_token(
     configs = build_configurations(
         ("none", "cpu", "cpu+disk"), kv_bytes, BLOCK, str(tmp_path / "disk"), sizes
     )
-    assert all(c.skip_reason is None for c in configs)
     runs = run_job(tiny_model, workload, configs, _pool(workload.max_request_tokens), BLOCK, None)
     assert compare_outputs(runs) == ()
     none, cpu, disk = runs

@@ -65,7 +65,6 @@ CPU = ConfigRun(
         bytes_stored=5 * 2**20,
     ),
 )
-DISK = ConfigRun(Configuration("cpu+disk", {}, "disk tier not wired yet"))
 
 
 def test_summaries_on_known_numbers() -> None:
@@ -83,12 +82,11 @@ def test_summaries_on_known_numbers() -> None:
 
 
 def test_report_prints_speedups_and_headlines() -> None:
-    runs = (NONE, CPU, DISK)
+    runs = (NONE, CPU)
     text = format_report([summarize(r, 1) for r in runs], [], 1, {0: 40, 1: 80, 2: 120})
     assert (
         "cpu: late-turn TTFT median 0.50 s vs 5.00 s recompute (10.0x), outputs identical" in text
     )
-    assert "cpu+disk: skipped (disk tier not wired yet)" in text
     assert "CPU 64.0%" in text
     assert "3.0 MiB" in text and "5.0 MiB" in text
     assert "ERROR" not in text
@@ -103,7 +101,7 @@ def test_report_shouts_when_outputs_differ() -> None:
 
 
 def test_json_is_strict_and_complete() -> None:
-    runs = (NONE, CPU, DISK)
+    runs = (NONE, CPU)
     doc = to_json(runs, [summarize(r, 1) for r in runs], [])
     json.dumps(doc, allow_nan=False)  # no NaN anywhere
     assert doc["outputs_identical"] is True
@@ -112,4 +110,4 @@ def test_json_is_strict_and_complete() -> None:
     assert cpu["ttft_late"]["median_s"] == pytest.approx(0.5)
     assert cpu["offload_totals"]["bytes_loaded"] == 3 * 2**20
     assert len(cpu["turns"]) == 6 and "output_sha256_16" in cpu["turns"][0]
-    assert doc["configurations"]["cpu+disk"]["skipped"] == "disk tier not wired yet"
+    assert list(doc["configurations"]) == ["none", "cpu"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvtier.errors import ConfigError, ProtocolError
+from kvtier.load_store_specs import CPULoadStoreSpec
 from kvtier.scheduler import CPUOffloadingManager, OffloadingManager
-from kvtier.specs import CPULoadStoreSpec
 
 from .conftest import keys
 

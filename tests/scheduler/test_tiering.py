@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 
 import pytest
 
 from kvtier.blocks import Medium
 from kvtier.errors import TransferError
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
+from kvtier.scheduler.discovery import Discovery
 from kvtier.scheduler.tiering import TieredManager
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec
 
 from .conftest import keys
 
@@ -238,3 +241,42 @@ def test_a_shared_tier_is_forgotten_after_an_outage() -> None:
     store.outages += 1
     assert t.lookup(keys(1, 2)) == 0
     assert len(t.secondaries[0]) == 0
+
+
+class BlockedShared(FakeShared):
+    """A shared store whose existence checks hang until released (a stopped server)."""
+
+    def __init__(self, held: set[bytes]) -> None:
+        super().__init__(held)
+        self.release = threading.Event()
+
+    def exists_many(self, ks: Sequence[bytes]) -> list[bool]:
+        self.release.wait()
+        return super().exists_many(ks)
+
+
+def test_a_hung_store_is_not_waited_for_once_a_check_stalls() -> None:
+    store = BlockedShared(set(keys(1, 2)))
+    discovery = Discovery(store, stall_s=0.01)
+    discovery.ask(keys(1, 2, 3))
+    assert discovery.asking(keys(1)[0]) or discovery.stalled
+    time.sleep(0.05)  # longer than stall_s, and the check cannot have finished
+    assert discovery.stalled and not discovery.asking(keys(1)[0])
+    assert discovery.in_flight == 1 and discovery.answers() == []
+    store.release.set()
+    discovery.wait()
+    assert not discovery.stalled
+    (found,) = discovery.answers()
+    assert found.keys == tuple(keys(1, 2))
+    discovery.shutdown()
+
+
+def test_asks_beyond_the_bound_are_dropped_and_counted() -> None:
+    store = BlockedShared(set())
+    discovery = Discovery(store, max_in_flight=2)
+    for i in range(5):
+        discovery.ask(keys(i))
+    discovery.ask(keys(0))  # already asked: not asked twice, not dropped
+    assert (discovery.in_flight, discovery.dropped) == (2, 3)
+    store.release.set()
+    discovery.shutdown()

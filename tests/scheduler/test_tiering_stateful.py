@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvtier.blocks import Medium
+from kvtier.load_store_specs import BlockIdsSpec, KeyedBlocksSpec
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.manager import BlockState
 from kvtier.scheduler.tiering import TieredManager, TierJob
-from kvtier.specs import BlockIdsSpec, KeyedBlocksSpec
 
 UNIVERSE = [f"k{i}".encode() for i in range(10)]
 key_lists = st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=4, unique=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.errors import TraceError
-from kvtier.sim.trace import block_key, parse_mooncake, read_mooncake, write_mooncake
+from kvtier.sim.trace import parse_mooncake, read_mooncake, trace_block_key, write_mooncake
 
 HEAD = '{"timestamp": 0, "input_length": 1, "output_length": 1, '
 GOOD = json.dumps({"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [7, 8]})
@@ -18,10 +18,10 @@ def test_parses_and_interns_keys() -> None:
     other = json.dumps({"timestamp": 5, "input_length": 512, "output_length": 1, "hash_ids": [7]})
     trace = parse_mooncake([GOOD, "", other])
     assert [r.hash_ids for r in trace.requests] == [(7, 8), (7,)]
-    assert trace.requests[0].keys == (block_key(7), block_key(8))
+    assert trace.requests[0].keys == (trace_block_key(7), trace_block_key(8))
     assert trace.requests[0].keys[0] is trace.requests[1].keys[0]
     assert (trace.num_block_refs, trace.num_distinct_blocks) == (3, 2)
-    assert block_key(1) == b"\x01" + bytes(7)
+    assert trace_block_key(1) == b"\x01" + bytes(7)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtier.errors import ProtocolError
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker.blockmap import consecutive_runs, expand_block_ids, plan_rows
 
 

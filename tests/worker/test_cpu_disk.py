@@ -12,10 +12,10 @@ import torch
 
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.errors import TransferError
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import HEADER_REGION, block_file_size, block_path
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler, TransferResult
 

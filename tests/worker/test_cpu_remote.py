@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from kvtier.blocks import BlockHash, BlockId
-from kvtier.media.health import Backoff, CircuitBreaker
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
+from kvtier.media.circuit_breaker import Backoff, CircuitBreaker
 from kvtier.media.remote import RemoteOptions, RemoteStore
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 

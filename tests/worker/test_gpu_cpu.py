@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout, TransferResult, pagecopy
 
 from .conftest import DEVICES, DTYPES, GPU_BLOCK_SIZE, LAYOUTS, all_pages, make_kv

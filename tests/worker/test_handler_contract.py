@@ -16,10 +16,15 @@ import pytest
 import torch
 
 from kvtier.blocks import BlockHash, BlockId
+from kvtier.load_store_specs import (
+    CPULoadStoreSpec,
+    DiskLoadStoreSpec,
+    GPULoadStoreSpec,
+    RemoteLoadStoreSpec,
+)
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
 from kvtier.media.remote import RemoteOptions, RemoteStore
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout, OffloadingHandler, TransferResult
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers

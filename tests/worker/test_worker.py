@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kvtier.blocks import Medium
-from kvtier.errors import ProtocolError
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
+from kvtier.errors import ProtocolError, TransferSpecError
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker import (
     CpuGpuOffloadingHandlers,
     KVLayout,
@@ -17,7 +17,9 @@ from kvtier.worker import (
     OffloadingWorker,
     TransferResult,
 )
-from kvtier.worker.handler import TransferSpec
+from kvtier.worker.blockmap import expand_block_ids
+from kvtier.worker.handler import TransferSpec, spec_media
+from kvtier.worker.thread_pool_handler import split_spec
 
 from .conftest import GPU_BLOCK_SIZE, make_kv
 
@@ -76,7 +78,28 @@ def test_unknown_pair_is_a_failed_result() -> None:
 def test_malformed_spec_is_a_failed_result() -> None:
     worker = OffloadingWorker()
     assert worker.transfer_async(4, ("x", "y")) is False  # type: ignore[arg-type]
-    assert worker.get_finished()[0].error.startswith("malformed")  # type: ignore[union-attr]
+    error = worker.get_finished()[0].error or ""
+    assert error.startswith("invalid transfer spec: a transfer spec is (src spec, dst spec)")
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda: spec_media(("x", "y")),  # type: ignore[arg-type]
+        lambda: GPULoadStoreSpec((0,), skip_count=-1),
+        lambda: expand_block_ids([0], 2, skip_count=2),
+        lambda: split_spec(
+            (CPULoadStoreSpec((0,)), DiskLoadStoreSpec((0,), (b"k",))), False, DiskLoadStoreSpec, 4
+        ),
+        lambda: split_spec(
+            (CPULoadStoreSpec((0, 1)), DiskLoadStoreSpec((0,), (b"k",))), True, DiskLoadStoreSpec, 4
+        ),
+    ],
+    ids=["not-a-pair", "negative-skip", "skip-past-block", "wrong-direction", "count-mismatch"],
+)
+def test_every_malformed_spec_raises_one_error_type(check) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TransferSpecError):
+        check()
 
 
 @pytest.mark.parametrize("mode", ["raise", "refuse"])

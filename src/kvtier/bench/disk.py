@@ -45,10 +45,10 @@ import torch
 from kvtier.bench.report import write_result
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import parse_bytes
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler
 

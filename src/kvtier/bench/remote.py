@@ -49,9 +49,9 @@ import torch
 from kvtier.bench.report import write_result
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import parse_bytes
+from kvtier.load_store_specs import CPULoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.media.redis_client import RemoteOptions
 from kvtier.media.remote import RemoteStore
-from kvtier.specs import CPULoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler
 

@@ -33,7 +33,7 @@ import torch
 from kvtier.bench.report import git_commit, machine_info
 from kvtier.blocks import BlockId
 from kvtier.errors import ConfigError
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout
 from kvtier.worker.gpu_cpu import SingleDirectionHandler
 

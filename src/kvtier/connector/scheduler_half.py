@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.connector.stats import Counters, OffloadStats
 from kvtier.jobs import JobKind, TransferJob, TransferResult
+from kvtier.load_store_specs import GPULoadStoreSpec, LoadStoreSpec
 from kvtier.scheduler.tiering import TieredManager, TierJob
-from kvtier.specs import GPULoadStoreSpec, LoadStoreSpec
 
 STORE_POLICIES = ("eager", "on_evict", "reuse")
 

@@ -17,7 +17,7 @@ from kvtier.jobs import TransferJob, TransferResult
 if TYPE_CHECKING:
     import torch
 
-    from kvtier.spec import OffloadingSpec
+    from kvtier.offloading_spec import OffloadingSpec
     from kvtier.worker import OffloadingWorker
 
 

@@ -15,10 +15,15 @@ multiprocessing). After that only values cross the pipe::
 
 A real engine (vLLM) runs its workers this way: the scheduler half never touches a
 tensor, and nothing is shared but these values.
+
+A child that dies (killed, out of memory) never takes the engine down: every job it
+had not reported, and every later one, comes back failed, so loads are recomputed and
+stores are dropped, as for any failed job.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -31,7 +36,9 @@ from kvtier.jobs import TransferJob, TransferResult
 if TYPE_CHECKING:
     import torch
 
-    from kvtier.spec import KVGeometry
+    from kvtier.offloading_spec import KVGeometry
+
+logger = logging.getLogger(__name__)
 
 _IDLE_POLL_S = 0.001
 """How long the child waits for a message before it looks for finished jobs again."""
@@ -114,6 +121,8 @@ class WorkerProcess:
         self._proc.start()
         child.close()
         self._results: list[TransferResult] = []
+        self._pending: set[int] = set()  # submitted, not yet reported
+        self._dead: str | None = None  # why the child is gone
         self._closed = False
         if not self._conn.poll(_START_TIMEOUT_S):
             self._kill()
@@ -124,34 +133,64 @@ class WorkerProcess:
             raise KvtierError(f"the worker process failed to start: {first.error}")
 
     def submit(self, jobs: Sequence[TransferJob]) -> None:
-        if jobs:
-            self._conn.send(Submit(tuple(jobs)))
+        if not jobs:
+            return
+        self._pending.update(job.job_id for job in jobs)
+        self._send(Submit(tuple(jobs)))
 
     def get_finished(self) -> list[TransferResult]:
-        while self._conn.poll():
-            self._take(self._conn.recv())
+        try:
+            while self._dead is None and self._conn.poll():
+                self._take(self._conn.recv())
+        except (EOFError, OSError) as exc:
+            self._died(exc)
         results, self._results = self._results, []
         return results
 
     def wait(self, job_ids: Iterable[int]) -> None:
-        self._conn.send(Wait(tuple(job_ids)))
-        while not isinstance(self._take(self._conn.recv()), Waited):
-            pass
+        self._send(Wait(tuple(job_ids)))
+        self._receive_until(Waited)
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._conn.send(Shutdown())
-        while not isinstance(self._take(self._conn.recv()), Closed):
-            pass
+        self._send(Shutdown())
+        self._receive_until(Closed)
         self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._kill()
         self._conn.close()
+
+    def _send(self, message: object) -> None:
+        if self._dead is None:
+            try:
+                self._conn.send(message)
+            except (EOFError, OSError) as exc:
+                self._died(exc)
+        else:  # a dead child reports every later job failed at once
+            self._died(None)
+
+    def _receive_until(self, kind: type) -> None:
+        try:
+            while self._dead is None and not isinstance(self._take(self._conn.recv()), kind):
+                pass
+        except (EOFError, OSError) as exc:
+            self._died(exc)
 
     def _take(self, message: object) -> object:
         if isinstance(message, Finished):
             self._results.extend(message.results)
+            self._pending.difference_update(r.job_id for r in message.results)
         return message
+
+    def _died(self, exc: BaseException | None) -> None:
+        """The child is gone: every job it did not report has failed."""
+        if self._dead is None:
+            self._dead = f"the worker process died (exit code {self._proc.exitcode}): {exc!r}"
+            logger.error("%s; its %d job(s) in flight fail", self._dead, len(self._pending))
+        self._results.extend(TransferResult.failed(j, self._dead) for j in sorted(self._pending))
+        self._pending.clear()
 
     def _kill(self) -> None:
         self._proc.kill()
@@ -166,7 +205,7 @@ def _serve(
 ) -> None:
     """The child's loop: build the worker half, then serve messages until Shutdown."""
     from kvtier.connector.worker_half import ConnectorWorker
-    from kvtier.spec import OffloadingSpec
+    from kvtier.offloading_spec import OffloadingSpec
 
     try:
         worker = ConnectorWorker.from_spec(OffloadingSpec(config, geometry), kv_caches)

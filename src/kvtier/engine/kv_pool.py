@@ -25,7 +25,7 @@ from kvtier.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
-class KVLayout:
+class KVShape:
     """The shape of one token's KV across the model.
 
     Attributes:
@@ -41,7 +41,7 @@ class KVLayout:
     dtype: torch.dtype
 
     @classmethod
-    def of_model(cls, model: PreTrainedModel) -> KVLayout:
+    def of_model(cls, model: PreTrainedModel) -> KVShape:
         """Read the layout from a Hugging Face decoder's config."""
         config = model.config
         if hasattr(config, "get_text_config"):
@@ -69,7 +69,7 @@ class KVPool:
     """
 
     def __init__(
-        self, layout: KVLayout, num_blocks: int, block_size: int, device: torch.device
+        self, layout: KVShape, num_blocks: int, block_size: int, device: torch.device
     ) -> None:
         if num_blocks < 1:
             raise ConfigError("num_gpu_blocks", f"must be >= 1, got {num_blocks}")

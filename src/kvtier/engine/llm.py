@@ -24,16 +24,16 @@ from transformers import PreTrainedModel
 from kvtier.config import OffloadingConfig
 from kvtier.engine.block_manager import BlockManager
 from kvtier.engine.connector_api import Connector, NoOpConnector
-from kvtier.engine.kv_pool import KVLayout, KVPool
+from kvtier.engine.kv_pool import KVPool, KVShape
 from kvtier.engine.model_runner import ModelRunner
 from kvtier.engine.models import load_model, model_fingerprint
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.engine.request import Request
-from kvtier.engine.scheduler import Scheduler
+from kvtier.engine.request_scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockHasher
-from kvtier.spec import KVGeometry, OffloadingSpec
+from kvtier.offloading_spec import KVGeometry, OffloadingSpec
 
 _POLL_INTERVAL_S = 1e-4
 """Sleep between polls while every request waits on the connector."""
@@ -101,7 +101,7 @@ class LLM:
             self.model.train(False)  # eval mode
         else:
             self.model = load_model(model, device=device, seed=seed)
-        layout = KVLayout.of_model(self.model)
+        layout = KVShape.of_model(self.model)
         self.pool = KVPool(layout, num_gpu_blocks, block_size, self.model.device)
         default_seed = seed if model is None else None
         fingerprint = model_fingerprint(self.model, layout, block_size, default_seed)

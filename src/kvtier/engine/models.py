@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from kvtier.engine.kv_pool import KVLayout
+from kvtier.engine.kv_pool import KVShape
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint
 
@@ -184,7 +184,7 @@ a checkpoint); the dtype is part of the fingerprint on its own."""
 
 
 def model_fingerprint(
-    model: PreTrainedModel, layout: KVLayout, block_size: int, seed: int | None
+    model: PreTrainedModel, layout: KVShape, block_size: int, seed: int | None
 ) -> ModelFingerprint:
     """The identity block keys and stored blocks are rooted in (``kvtier.keys``).
 

@@ -23,7 +23,7 @@ from kvtier.connector.scheduler_half import ConnectorScheduler
 from kvtier.connector.stats import OffloadStats
 from kvtier.engine.connector_api import LoadHandle
 from kvtier.errors import ProtocolError
-from kvtier.spec import OffloadingSpec
+from kvtier.offloading_spec import OffloadingSpec
 
 if TYPE_CHECKING:
     import torch

@@ -1,28 +1,21 @@
 """A generation request as the engine tracks it.
 
 Runs in the engine's scheduler; pure Python. ``Request`` is the engine's own mutable
-record; connectors receive it and must treat it as read-only. Its lifecycle::
+record; connectors receive it and must treat it as read-only. Where it is in its
+lifecycle is which of the scheduler's queues holds it::
 
-    WAITING ──admit──► LOADING ──loads done──► RUNNING ──max_new_tokens──► FINISHED
-       ▲          └────(no external hits)───────►  │
-       └──────────────── preempt (out of pages) ───┘
+    waiting ──admit──► loading ──loads done──► running ──max_new_tokens──► finished
+       ▲          └────(no external hits)───────►  │                     (held while
+       └──────────────── preempt (out of pages) ───┘                      stores read it)
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.engine.connector_api import LoadHandle
 from kvtier.engine.stats import RequestStats
-
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    LOADING = "loading"
-    RUNNING = "running"
-    FINISHED = "finished"
 
 
 @dataclass(eq=False, slots=True)
@@ -35,7 +28,6 @@ class Request:
         max_new_tokens: generation stops after this many tokens (no EOS stop: greedy).
         arrival_s: ``time.perf_counter()`` at submission.
         output_token_ids: tokens generated so far.
-        status: where the request is in its lifecycle.
         block_table: its pages, in token order (empty unless admitted).
         block_keys: keys of its full blocks (of ``all_token_ids``), computed at admission.
         num_computed_tokens: tokens whose KV is in its pages.
@@ -49,7 +41,6 @@ class Request:
     max_new_tokens: int
     arrival_s: float
     output_token_ids: list[int] = field(default_factory=list)
-    status: RequestStatus = RequestStatus.WAITING
     block_table: list[BlockId] = field(default_factory=list)
     block_keys: list[BlockHash] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
 from kvtier.errors import ConfigError
-from kvtier.media.health import Backoff
+from kvtier.media.circuit_breaker import Backoff
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,7 +37,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from kvtier.errors import TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike
-from kvtier.media.health import CircuitBreaker, Health
+from kvtier.media.circuit_breaker import CircuitBreaker, Health
 from kvtier.media.redis_client import BlockValue, RemoteOptions, make_client
 from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages
 

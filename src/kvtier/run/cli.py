@@ -195,13 +195,13 @@ def _main(args: argparse.Namespace) -> int:
     import torch  # only now: the option errors above come without torch's start-up cost
 
     from kvtier.engine import load_model
-    from kvtier.engine.kv_pool import KVLayout
+    from kvtier.engine.kv_pool import KVShape
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     model = load_model(args.model, device=args.device, dtype=dtype)
     workload = generate_workload(spec, model.config.get_text_config().vocab_size)
-    layout = KVLayout.of_model(model)
+    layout = KVShape.of_model(model)
     elem = torch.empty((), dtype=layout.dtype).element_size()
     kv_per_token = 2 * layout.num_layers * layout.num_kv_heads * layout.head_dim * elem
     kv_bytes = workload.distinct_tokens() * kv_per_token
@@ -255,9 +255,7 @@ def _run_and_report(
     print(describe_setup(workload, gpu_blocks, args.block_size, kv_bytes))
     for c in configs:
         shown = "no offloading" if c.offload is None else dict(c.offload)
-        print(
-            f"config {c.name}: {shown}" + (f" -- skipped: {c.skip_reason}" if c.skip_reason else "")
-        )
+        print(f"config {c.name}: {shown}")
     sys.stdout.flush()
     progress = None if args.no_progress else sys.stderr
     runs = run_job(model, workload, configs, gpu_blocks, args.block_size, progress)

@@ -9,25 +9,20 @@ while the GPU pool cannot::
     cpu        {"cpu_bytes_to_use": 2 x KV, ...}
     cpu+disk   {"cpu_bytes_to_use": KV / 4, "disk_path": ..., "disk_bytes_to_use": 2 x KV}
                (a small CPU tier, so that late turns are served by the disk)
-
-A configuration the code base cannot run yet is listed with a reason and skipped; its
-numbers are never made up.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 
 NAMES = ("none", "cpu", "cpu+disk")
 """Every configuration ``kvtier run`` knows, in the order it runs them."""
 
-_DISK_KEYS = ("disk_path", "disk_bytes_to_use")
 _KIB = 2**10
 
 
@@ -38,12 +33,10 @@ class Configuration:
     Attributes:
         name: ``none``, ``cpu`` or ``cpu+disk``.
         offload: the ``LLM(offload=...)`` dict, or ``None`` for no offloading.
-        skip_reason: why it cannot run in this code base, or ``None`` when it can.
     """
 
     name: str
     offload: Mapping[str, Any] | None
-    skip_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +67,6 @@ def parse_names(text: str) -> tuple[str, ...]:
             "--configs", f"got {text!r}; give a comma-separated subset of {','.join(NAMES)}"
         )
     return tuple(name for name in NAMES if name in wanted)
-
-
-def disk_tier_wired() -> bool:
-    """Whether ``OffloadingConfig`` accepts the disk tier's keys."""
-    known = {f.name for f in fields(OffloadingConfig)}
-    return all(key in known for key in _DISK_KEYS)
 
 
 def _round_kib(n: float) -> int:
@@ -130,8 +117,7 @@ def build_configurations(
                 "disk_bytes_to_use": disk_bytes,
                 "disk_eviction_policy": eviction_policy,
             }
-            reason = None if disk_tier_wired() else "disk tier not wired yet"
-            out.append(Configuration(name, offload, reason))
+            out.append(Configuration(name, offload))
         else:
             raise ConfigError("--configs", f"unknown configuration {name!r}")
     return tuple(out)

@@ -70,7 +70,7 @@ class ConfigRun:
 
     Attributes:
         config: the configuration.
-        turns: per turn, in the order they ran (empty when skipped).
+        turns: per turn, in the order they ran.
         totals: what the connector moved.
         wall_s: seconds spent in this configuration's ``generate`` calls.
     """
@@ -79,10 +79,6 @@ class ConfigRun:
     turns: tuple[TurnResult, ...] = ()
     totals: OffloadStats = field(default_factory=OffloadStats)
     wall_s: float = 0.0
-
-    @property
-    def skipped(self) -> bool:
-        return self.config.skip_reason is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +100,8 @@ class Mismatch:
 
 
 def compare_outputs(runs: Sequence[ConfigRun]) -> tuple[Mismatch, ...]:
-    """Every turn whose output differs from the first run's (skipped runs are ignored)."""
-    ran = [run for run in runs if not run.skipped]
+    """Every turn whose output differs from the first run's."""
+    ran = list(runs)
     if not ran:
         return ()
     base = ran[0]
@@ -154,7 +150,7 @@ def run_job(
     Args:
         model: the model every engine shares (its weights are only read).
         workload: the planned turns.
-        configs: the configurations; skipped ones are carried through with no turns.
+        configs: the configurations.
         gpu_blocks: pages in each engine's GPU pool.
         block_size: tokens per page.
         progress: where to write one line per turn (``None``: silent).
@@ -163,32 +159,26 @@ def run_job(
         ConfigError: an engine rejects its configuration (the key names what to change).
         CapacityError: the largest turn does not fit in ``gpu_blocks`` pages.
     """
-    engines: list[LLM | None] = []
+    engines: list[LLM] = []
     try:
         for config in configs:
-            engines.append(
-                None
-                if config.skip_reason is not None
-                else LLM(model, gpu_blocks, block_size, offload=config.offload)
-            )
+            engines.append(LLM(model, gpu_blocks, block_size, offload=config.offload))
         return _run_turns(workload, configs, engines, progress)
     finally:
         for llm in engines:
-            if llm is not None:
-                llm.close()
+            llm.close()
 
 
 def _run_turns(
     workload: Workload,
     configs: Sequence[Configuration],
-    engines: Sequence[LLM | None],
+    engines: Sequence[LLM],
     progress: TextIO | None,
 ) -> tuple[ConfigRun, ...]:
     warm = random.Random(0)
     for llm in engines:  # first calls pay one-time costs; too short to fill a page
-        if llm is not None:
-            prompt = [warm.randrange(workload.vocab_size) for _ in range(_WARMUP_TOKENS)]
-            llm.generate([prompt], max_new_tokens=1)
+        prompt = [warm.randrange(workload.vocab_size) for _ in range(_WARMUP_TOKENS)]
+        llm.generate([prompt], max_new_tokens=1)
     chats = [Chat(workload) for _ in configs]
     results: list[list[TurnResult]] = [[] for _ in configs]
     totals = [OffloadStats() for _ in configs]
@@ -196,8 +186,6 @@ def _run_turns(
     for step, turn in enumerate(workload.turns, 1):
         cells = []
         for i, (config, llm) in enumerate(zip(configs, engines, strict=True)):
-            if llm is None:
-                continue
             prompt = chats[i].prompt(turn)
             start = time.perf_counter()
             output = llm.generate([prompt], max_new_tokens=turn.answer_tokens)[0]

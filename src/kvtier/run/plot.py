@@ -32,7 +32,7 @@ def plot_ttft(runs: Sequence[ConfigRun], path: str | Path, title: str) -> None:
         raise ConfigError("--plot", "drawing needs matplotlib: pip install matplotlib") from None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:
-        if run.skipped or not run.turns:
+        if not run.turns:
             continue
         by_index: dict[int, list[float]] = {}
         for t in run.turns:

@@ -62,7 +62,6 @@ class Summary:
 
     Attributes:
         name: the configuration.
-        skip_reason: why it did not run, or ``None``.
         all_turns: TTFT over every turn.
         late_turns: TTFT over turns with index >= ``late_turn``.
         by_turn: median TTFT per turn index.
@@ -75,7 +74,6 @@ class Summary:
     """
 
     name: str
-    skip_reason: str | None
     all_turns: TTFT
     late_turns: TTFT
     by_turn: Mapping[int, float]
@@ -103,7 +101,6 @@ def summarize(run: ConfigRun, late_turn: int) -> Summary:
             hits[tier] = hits.get(tier, 0) + n
     return Summary(
         name=run.config.name,
-        skip_reason=run.config.skip_reason,
         all_turns=TTFT.of([t.ttft_s for t in turns]),
         late_turns=TTFT.of([t.ttft_s for t in turns if t.turn >= late_turn]),
         by_turn={i: statistics.median(v) for i, v in sorted(by_index.items())},
@@ -143,13 +140,11 @@ def _x(ratio: float) -> str:
 
 def headline(summary: Summary, baseline: Summary | None, identical: bool) -> str:
     """``cpu: late-turn TTFT median 0.21 s vs 4.8 s recompute (22.9x), outputs identical``."""
-    if summary.skip_reason is not None:
-        return f"{summary.name}: skipped ({summary.skip_reason})"
     late = summary.late_turns.median_s
     text = f"{summary.name}: late-turn TTFT median {late:.2f} s"
     if baseline is summary:
         return text + " (the baseline: whatever left the GPU is recomputed)"
-    if baseline is not None and baseline.skip_reason is None:
+    if baseline is not None:
         base = baseline.late_turns.median_s
         text += f" vs {base:.2f} s recompute ({_x(speedup(base, late))})"
     return text + (", outputs identical" if identical else ", OUTPUTS DIFFER")
@@ -169,7 +164,7 @@ def format_report(
         late_turn: first turn index counted as late.
         history_by_turn: median history tokens per turn index (for the per-turn table).
     """
-    ran = [s for s in summaries if s.skip_reason is None]
+    ran = list(summaries)
     base = next((s for s in ran if s.name == BASELINE), None)
     lines = [
         f"{'config':<9} {'TTFT median':>11} {'p90':>7} {'late median':>11} {'p90':>7} "
@@ -177,9 +172,6 @@ def format_report(
         f"{'fail ld/st':>10}"
     ]
     for s in summaries:
-        if s.skip_reason is not None:
-            lines.append(f"{s.name:<9} skipped: {s.skip_reason}")
-            continue
         offl = sum(s.offload_hit_tokens.values())
         late_x = speedup(base.late_turns.median_s, s.late_turns.median_s) if base else math.nan
         lines.append(
@@ -225,34 +217,30 @@ def to_json(
     runs: Sequence[ConfigRun], summaries: Sequence[Summary], mismatches: Sequence[Mismatch]
 ) -> dict[str, Any]:
     """The ``results`` part of the JSON document: summaries, mismatches, every turn."""
-    base = next((s for s in summaries if s.name == BASELINE and s.skip_reason is None), None)
+    base = next((s for s in summaries if s.name == BASELINE), None)
     configs: dict[str, Any] = {}
     for run, s in zip(runs, summaries, strict=True):
+        late_x = speedup(base.late_turns.median_s, s.late_turns.median_s) if base else None
         doc: dict[str, Any] = {
-            "skipped": s.skip_reason,
             "offload": dict(run.config.offload) if run.config.offload is not None else None,
+            "ttft_all": asdict(s.all_turns),
+            "ttft_late": asdict(s.late_turns),
+            "late_speedup_vs_none": late_x,
+            "ttft_median_by_turn": {str(k): v for k, v in s.by_turn.items()},
+            "prompt_tokens": s.prompt_tokens,
+            "gpu_hit_tokens": s.gpu_hit_tokens,
+            "offload_hit_tokens": dict(s.offload_hit_tokens),
+            "gpu_hit_ratio": s.ratio(s.gpu_hit_tokens),
+            "offload_hit_ratio": {k: s.ratio(n) for k, n in s.offload_hit_tokens.items()},
+            "computed_tokens": s.computed_tokens,
+            "offload_totals": asdict(run.totals),
+            "wall_s": s.wall_s,
+            "turns": [
+                {k: v for k, v in asdict(t).items() if k != "output"}
+                | {"output_sha256_16": t.output_digest}
+                for t in run.turns
+            ],
         }
-        if s.skip_reason is None:
-            late_x = speedup(base.late_turns.median_s, s.late_turns.median_s) if base else None
-            doc |= {
-                "ttft_all": asdict(s.all_turns),
-                "ttft_late": asdict(s.late_turns),
-                "late_speedup_vs_none": late_x,
-                "ttft_median_by_turn": {str(k): v for k, v in s.by_turn.items()},
-                "prompt_tokens": s.prompt_tokens,
-                "gpu_hit_tokens": s.gpu_hit_tokens,
-                "offload_hit_tokens": dict(s.offload_hit_tokens),
-                "gpu_hit_ratio": s.ratio(s.gpu_hit_tokens),
-                "offload_hit_ratio": {k: s.ratio(n) for k, n in s.offload_hit_tokens.items()},
-                "computed_tokens": s.computed_tokens,
-                "offload_totals": asdict(run.totals),
-                "wall_s": s.wall_s,
-                "turns": [
-                    {k: v for k, v in asdict(t).items() if k != "output"}
-                    | {"output_sha256_16": t.output_digest}
-                    for t in run.turns
-                ],
-            }
         configs[run.config.name] = doc
     document: dict[str, Any] = _finite(
         {

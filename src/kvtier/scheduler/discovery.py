@@ -11,12 +11,15 @@ step, so ``lookup`` never waits for one::
 
 Until an answer is adopted those blocks are misses. At most ``max_in_flight`` checks
 wait or run at once; a later ask is dropped (counted), so a hung server costs one
-blocked I/O thread and nothing else.
+blocked I/O thread and nothing else. A check unanswered for ``stall_s`` marks the
+store *stalled*: a caller that could wait for answers (``asking``) stops waiting until
+the checks drain.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -55,11 +58,14 @@ class Discovery:
     Args:
         store: the shared store.
         max_in_flight: most checks queued or running at once.
+        stall_s: a check unanswered this long marks the store stalled.
     """
 
-    def __init__(self, store: SharedStore, max_in_flight: int = 4) -> None:
+    def __init__(self, store: SharedStore, max_in_flight: int = 4, stall_s: float = 0.1) -> None:
         self.store = store
         self.max_in_flight = max_in_flight
+        self.stall_s = stall_s
+        self._asked_at: dict[BlockHash, float] = {}
         self.dropped = 0  # asks not made because too many were in flight
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-discovery")
         self._futures: dict[BlockHash, Future[Found]] = {}  # first key asked -> check
@@ -73,20 +79,29 @@ class Discovery:
             return
         asked = tuple(keys)
         self._futures[asked[0]] = self._pool.submit(self._check, asked, self.store.outages)
+        self._asked_at[asked[0]] = time.monotonic()
 
     def answers(self) -> list[Found]:
         """The answers of finished checks since the last call (failed checks: none)."""
         done = [k for k, f in self._futures.items() if f.done()]
         found = []
         for first in done:
+            self._asked_at.pop(first, None)
             result = self._futures.pop(first).result()
             if result.keys:
                 found.append(result)
         return found
 
     def asking(self, first: BlockHash) -> bool:
-        """Whether a check of the run from ``first`` is in flight or not yet adopted."""
-        return first in self._futures
+        """Whether a check of the run from ``first`` is in flight or not yet adopted,
+        and worth waiting for (``False`` while the store is stalled)."""
+        return first in self._futures and not self.stalled
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a check has gone unanswered for ``stall_s`` (a slow or hung store)."""
+        oldest = time.monotonic() - self.stall_s
+        return any(at < oldest and not self._futures[k].done() for k, at in self._asked_at.items())
 
     @property
     def in_flight(self) -> int:
@@ -103,6 +118,7 @@ class Discovery:
             future.cancel()
         self._pool.shutdown(wait=True)
         self._futures.clear()
+        self._asked_at.clear()
 
     def _check(self, keys: tuple[BlockHash, ...], outages: int) -> Found:
         try:

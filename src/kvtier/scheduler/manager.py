@@ -27,9 +27,9 @@ from dataclasses import dataclass, fields
 
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
+from kvtier.load_store_specs import SPEC_BY_MEDIUM, BlockIdsSpec
 from kvtier.scheduler.policies import EvictionPolicy, make_policy
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
-from kvtier.specs import SPEC_BY_MEDIUM, BlockIdsSpec
 
 
 class BlockState(enum.Enum):
@@ -326,6 +326,14 @@ class TierManager:
         """Stored/removed events since the last call, oldest first."""
         events, self._events = self._events, []
         return events
+
+    @property
+    def has_pending_work(self) -> bool:
+        """A tier alone does no background work."""
+        return False
+
+    def shutdown(self) -> None:
+        """Nothing to stop (see ``TieredManager.shutdown``)."""
 
     def restore(self, block_hashes: Sequence[BlockHash]) -> list[BlockId]:
         """Adopt blocks a persistent medium already holds, coldest first, as READY.

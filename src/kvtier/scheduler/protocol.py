@@ -11,6 +11,9 @@ documents' (vLLM's ``kv_offload``), so engines that speak that protocol speak th
   to make room (all or nothing), say where to write; ``None`` if it cannot now.
 * ``complete_store(keys, success)``: stored blocks become loadable, or are dropped.
 * ``take_events()``: stored/removed events since the last call.
+* ``can_store(keys) -> int``: how many leading keys ``prepare_store`` would take now
+  (ask, then act).
+* ``has_pending_work``: background work not done yet; ``shutdown()`` stops it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvtier.blocks import BlockHash, Medium
-from kvtier.specs import LoadStoreSpec
+from kvtier.load_store_specs import LoadStoreSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,4 +118,17 @@ class OffloadingManager(Protocol):
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         """Stored/removed events since the last call (empty if events are off)."""
+        ...
+
+    def can_store(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading keys ``prepare_store`` would take now; changes nothing."""
+        ...
+
+    @property
+    def has_pending_work(self) -> bool:
+        """Whether background work (write-through, existence checks) is not done yet."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop background work (idempotent)."""
         ...

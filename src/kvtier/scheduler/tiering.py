@@ -36,10 +36,10 @@ from dataclasses import dataclass
 
 from kvtier.blocks import BlockHash, Medium
 from kvtier.errors import ConfigError, ProtocolError
+from kvtier.load_store_specs import BlockIdsSpec, KeyedBlocksSpec, LoadStoreSpec
 from kvtier.scheduler.discovery import Discovery, SharedStore
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.protocol import OffloadingEvent, PrepareStoreOutput
-from kvtier.specs import BlockIdsSpec, KeyedBlocksSpec, LoadStoreSpec
 
 __all__ = ["SharedStore", "TierJob", "TieredManager", "TieringStats"]
 

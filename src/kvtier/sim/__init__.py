@@ -18,7 +18,7 @@ Modules: ``trace`` (parsing), ``replay`` (the engine's flow through the manager)
 from kvtier.sim.belady import belady
 from kvtier.sim.metrics import HitRatios
 from kvtier.sim.replay import ReplayResult, TierHits, replay
-from kvtier.sim.trace import Trace, TraceRequest, block_key, parse_mooncake, read_mooncake
+from kvtier.sim.trace import Trace, TraceRequest, parse_mooncake, read_mooncake, trace_block_key
 
 __all__ = [
     "HitRatios",
@@ -27,8 +27,8 @@ __all__ = [
     "Trace",
     "TraceRequest",
     "belady",
-    "block_key",
     "parse_mooncake",
     "read_mooncake",
     "replay",
+    "trace_block_key",
 ]

@@ -8,7 +8,7 @@ Runs anywhere (pure Python). A Mooncake trace has one JSON object per line::
 input (``len(hash_ids) == ceil(input_length / block_size)``); each id stands for its
 block *and everything before it*, so equal ids mean equal prefixes. kvtier's manager
 takes opaque ``bytes`` keys, so each id is mapped to a stable 8-byte little-endian key
-(:func:`block_key`). Equal ids share one ``bytes`` object, which keeps dictionary
+(:func:`trace_block_key`). Equal ids share one ``bytes`` object, which keeps dictionary
 lookups in the replay cheap.
 
 Every malformed line raises :class:`~kvtier.errors.TraceError` naming the line.
@@ -31,7 +31,7 @@ DEFAULT_BLOCK_SIZE = 512
 _MAX_ID = 2**64 - 1
 
 
-def block_key(hash_id: int) -> BlockHash:
+def trace_block_key(hash_id: int) -> BlockHash:
     """The manager key of a trace block id: 8 bytes, little-endian."""
     return BlockHash(hash_id.to_bytes(8, "little"))
 
@@ -45,7 +45,7 @@ class TraceRequest:
         input_length: prompt tokens.
         output_length: generated tokens.
         hash_ids: prefix-chained block ids of the prompt, in order.
-        keys: the same blocks as manager keys (:func:`block_key`), in order.
+        keys: the same blocks as manager keys (:func:`trace_block_key`), in order.
     """
 
     timestamp_ms: float
@@ -115,7 +115,7 @@ def _parse_line(
                 raise TraceError(
                     f"hash_ids[{position}] must be an integer in [0, 2**64), got {hid!r}", line
                 )
-            key = interned[hid] = block_key(hid)
+            key = interned[hid] = trace_block_key(hid)
         keys.append(key)
     expected = math.ceil(input_length / block_size)
     if len(raw_ids) != expected:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvtier.errors import ProtocolError
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.errors import TransferSpecError
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 
 
 def expand_block_ids(
@@ -48,14 +48,14 @@ def expand_block_ids(
         A new 1-D ``int64`` array of ``len(block_ids) * f - skip_count`` ids.
 
     Raises:
-        ProtocolError: on a factor below 1 or a skip_count out of range.
+        TransferSpecError: on a factor below 1 or a skip_count out of range.
     """
     if block_size_factor < 1:
-        raise ProtocolError(f"block_size_factor must be >= 1, got {block_size_factor}")
+        raise TransferSpecError(f"block_size_factor must be >= 1, got {block_size_factor}")
     ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
     limit = block_size_factor if len(ids) else 1
     if not 0 <= skip_count < limit:
-        raise ProtocolError(
+        raise TransferSpecError(
             f"skip_count must be in 0..{limit - 1} for {len(ids)} offloaded blocks of "
             f"factor {block_size_factor}, got {skip_count}"
         )
@@ -116,22 +116,22 @@ def plan_rows(
         gpu_is_dst: True for loads (CPU->GPU); the destination ids must be distinct.
 
     Raises:
-        ProtocolError: the message says which count or id is wrong.
+        TransferSpecError: the message says which count or id is wrong.
     """
     gpu_rows = np.asarray(gpu_spec.block_ids, dtype=np.int64).reshape(-1)
     cpu_ids = np.asarray(cpu_spec.block_ids, dtype=np.int64).reshape(-1)
     expected = len(cpu_ids) * block_size_factor - gpu_spec.skip_count
     if len(gpu_rows) != expected:
-        raise ProtocolError(
+        raise TransferSpecError(
             f"{len(cpu_ids)} offloaded blocks x factor {block_size_factor} - skip_count "
             f"{gpu_spec.skip_count} = {expected} GPU blocks expected, got {len(gpu_rows)}"
         )
     for name, ids, limit in (("GPU", gpu_rows, num_gpu_blocks), ("CPU", cpu_ids, num_cpu_blocks)):
         if len(ids) and (ids.min() < 0 or ids.max() >= limit):
             bad = int(ids[(ids < 0) | (ids >= limit)][0])
-            raise ProtocolError(f"{name} block id {bad} out of range 0..{limit - 1}")
+            raise TransferSpecError(f"{name} block id {bad} out of range 0..{limit - 1}")
     cpu_rows = expand_block_ids(cpu_ids, block_size_factor, gpu_spec.skip_count)
     dst_name, dst = ("GPU", gpu_rows) if gpu_is_dst else ("CPU", cpu_rows)
     if len(np.unique(dst)) != len(dst):
-        raise ProtocolError(f"destination {dst_name} blocks repeat in one job: {dst.tolist()}")
+        raise TransferSpecError(f"destination {dst_name} blocks repeat in one job: {dst.tolist()}")
     return RowPlan(gpu_rows=gpu_rows, cpu_rows=cpu_rows, cpu_runs=consecutive_runs(cpu_rows))

@@ -28,10 +28,10 @@ import numpy as np
 import torch
 
 from kvtier.blocks import Medium
+from kvtier.load_store_specs import DiskLoadStoreSpec
 from kvtier.media.disk import DiskStore
-from kvtier.specs import DiskLoadStoreSpec
 from kvtier.worker.handler import TransferSpec
-from kvtier.worker.pooled import PooledHandler, Task, host_pages, split_spec
+from kvtier.worker.thread_pool_handler import PooledHandler, Task, host_pages, split_spec
 
 
 class CpuDiskHandler(PooledHandler):

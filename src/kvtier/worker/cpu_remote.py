@@ -28,10 +28,10 @@ import torch
 
 from kvtier.blocks import Medium
 from kvtier.errors import KvtierError, TransferError
+from kvtier.load_store_specs import RemoteLoadStoreSpec
 from kvtier.media.remote import ReadOutcome, RemoteStore
-from kvtier.specs import RemoteLoadStoreSpec
 from kvtier.worker.handler import TransferSpec
-from kvtier.worker.pooled import PooledHandler, Task, host_pages, split_spec
+from kvtier.worker.thread_pool_handler import PooledHandler, Task, host_pages, split_spec
 
 
 def _describe_misses(keys: list[bytes], outcomes: list[ReadOutcome]) -> str:

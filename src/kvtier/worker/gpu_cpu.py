@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from kvtier.blocks import Medium
-from kvtier.errors import ConfigError, KvtierError
+from kvtier.errors import ConfigError, KvtierError, TransferSpecError
+from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.media.pinned import HostSlab
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
 from kvtier.worker.blockmap import plan_rows
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 from kvtier.worker.kv_view import KVCacheView, KVLayout, kv_cache_view
@@ -80,7 +80,7 @@ class SingleDirectionHandler(OffloadingHandler):
         src, dst = spec
         gpu, cpu = (src, dst) if self.gpu_to_cpu else (dst, src)
         if not isinstance(gpu, GPULoadStoreSpec) or not isinstance(cpu, CPULoadStoreSpec):
-            raise TypeError(
+            raise TransferSpecError(
                 f"{self.src_medium}->{self.dst_medium} needs "
                 f"({self.src_medium} spec, {self.dst_medium} spec), got "
                 f"({type(src).__name__}, {type(dst).__name__})"

@@ -15,8 +15,9 @@ import logging
 from collections.abc import Iterable
 
 from kvtier.blocks import Medium
-from kvtier.errors import ProtocolError
+from kvtier.errors import ProtocolError, TransferSpecError
 from kvtier.jobs import TransferResult, TransferSpec
+from kvtier.load_store_specs import LoadStoreSpec
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,17 @@ class OffloadingHandler(abc.ABC):
 
 
 def spec_media(spec: TransferSpec) -> tuple[Medium, Medium]:
-    """The ``(src, dst)`` media of a transfer spec."""
+    """The ``(src, dst)`` media of a transfer spec.
+
+    Raises:
+        TransferSpecError: ``spec`` is not a ``(LoadStoreSpec, LoadStoreSpec)`` pair.
+    """
+    if not (
+        isinstance(spec, tuple)
+        and len(spec) == 2
+        and all(isinstance(s, LoadStoreSpec) for s in spec)
+    ):
+        raise TransferSpecError(f"a transfer spec is (src spec, dst spec), got {spec!r:.80}")
     src, dst = spec
     return src.medium, dst.medium
 
@@ -100,8 +111,8 @@ class OffloadingWorker:
             raise ProtocolError(f"job {job_id} is already in flight")
         try:
             src, dst = spec_media(spec)
-        except (TypeError, ValueError, AttributeError) as exc:
-            self._failed.append(TransferResult.failed(job_id, f"malformed transfer spec: {exc}"))
+        except TransferSpecError as exc:
+            self._failed.append(TransferResult.failed(job_id, f"invalid transfer spec: {exc}"))
             return False
         handler = self._handlers.get((src, dst))
         if handler is None:

@@ -34,7 +34,7 @@ from kvtier.blocks import BlockHash
 from kvtier.engine.block_manager import BlockManager
 from kvtier.engine.connector_api import Connector, LoadState
 from kvtier.engine.model_runner import SeqInput
-from kvtier.engine.request import Request, RequestStatus
+from kvtier.engine.request import Request
 from kvtier.errors import CapacityError, ProtocolError
 
 
@@ -174,7 +174,6 @@ class Scheduler:
             if req.admissions == 1:
                 req.loaded_blocks = load.num_loaded_blocks
             req.load = None
-            req.status = RequestStatus.RUNNING
             self.loading.remove(req)
             self.running.append(req)
 
@@ -211,10 +210,8 @@ class Scheduler:
             if ext:
                 span = slice(len(hits), len(hits) + ext)
                 req.load = self.connector.start_load(req, keys[span], req.block_table[span])
-                req.status = RequestStatus.LOADING
                 self.loading.append(req)
             else:
-                req.status = RequestStatus.RUNNING
                 self.running.append(req)
 
     def _reserve_decode_pages(self) -> list[Request]:
@@ -242,12 +239,10 @@ class Scheduler:
         req.block_table = []
         req.num_computed_tokens = 0
         req.num_committed_blocks = 0
-        req.status = RequestStatus.WAITING
         self.waiting.appendleft(req)
 
     def _finish(self, req: Request) -> None:
         self.running.remove(req)
-        req.status = RequestStatus.FINISHED
         if self.connector.request_finished(req, tuple(req.block_table)):
             self.held[req.request_id] = req
         else:

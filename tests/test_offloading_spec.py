@@ -15,10 +15,11 @@ import torch
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.media.disk_layout import block_file_size
+from kvtier.offloading_spec import KVGeometry, OffloadingSpec
+from kvtier.scheduler import OffloadingManager
 from kvtier.scheduler.tiering import TieredManager
-from kvtier.spec import KVGeometry, OffloadingSpec
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec
 
 LAYERS, PAGE, HEADS, HEAD_DIM = 2, 4, 2, 8
 PAGE_BYTES = LAYERS * 2 * PAGE * HEADS * HEAD_DIM * 2  # float16: 512
@@ -70,7 +71,9 @@ def test_bad_configuration_names_the_key(raw: dict[str, object], key: str) -> No
 def test_cpu_only_is_a_tiering_with_no_secondary_tier() -> None:
     manager = OffloadingSpec({"cpu_bytes_to_use": "64KiB", "block_size": 8}, GEOMETRY).get_manager()
     assert type(manager) is TieredManager
+    assert isinstance(manager, OffloadingManager) and isinstance(manager.primary, OffloadingManager)
     assert manager.secondaries == ()
+    assert not manager.has_pending_work
     assert manager.primary.medium is Medium.CPU
     assert manager.primary.num_blocks == 64 * 1024 // (2 * PAGE_BYTES)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvtier.blocks import BlockHash, BlockId, Medium
+from kvtier.errors import TransferSpecError
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +63,7 @@ class GPULoadStoreSpec(BlockIdsSpec):
 
     def __post_init__(self) -> None:
         if self.skip_count < 0:
-            raise ValueError(f"skip_count must be >= 0, got {self.skip_count}")
+            raise TransferSpecError(f"skip_count must be >= 0, got {self.skip_count}")
 
 
 @dataclass(frozen=True, slots=True)

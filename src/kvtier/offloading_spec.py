@@ -168,7 +168,7 @@ class OffloadingSpec:
     def remote_store(self) -> RemoteStore:
         """The remote tier's client, opened once (it contacts nothing until used)."""
         if self._remote is None:
-            from kvtier.media.health import Backoff
+            from kvtier.media.circuit_breaker import Backoff
             from kvtier.media.redis_client import RemoteOptions
             from kvtier.media.remote import RemoteStore
 

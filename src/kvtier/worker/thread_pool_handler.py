@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from kvtier.blocks import Medium
-from kvtier.errors import KvtierError
-from kvtier.specs import BlockIdsSpec, CPULoadStoreSpec, KeyedBlocksSpec
+from kvtier.errors import KvtierError, TransferSpecError
+from kvtier.load_store_specs import BlockIdsSpec, CPULoadStoreSpec, KeyedBlocksSpec
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 
 logger = logging.getLogger(__name__)
@@ -187,8 +187,8 @@ def split_spec(
     """Check a (CPU, keyed store) job either way; return its CPU rows and keyed spec.
 
     Raises:
-        TypeError: the specs are not ``(CPU, keyed)`` in the handler's direction.
-        ValueError: counts differ, a row is out of range, or a load writes a row twice.
+        TransferSpecError: the specs are not ``(CPU, keyed)`` in the handler's
+            direction, counts differ, a row is out of range, or a load writes a row twice.
     """
     src, dst = spec
     cpu, store = (src, dst) if to_store else (dst, src)
@@ -196,16 +196,18 @@ def split_spec(
         want: Sequence[type[BlockIdsSpec]] = (
             (CPULoadStoreSpec, keyed) if to_store else (keyed, CPULoadStoreSpec)
         )
-        raise TypeError(
+        raise TransferSpecError(
             f"takes ({want[0].__name__}, {want[1].__name__}), "
             f"got ({type(src).__name__}, {type(dst).__name__})"
         )
     if len(cpu.block_ids) != len(store.block_hashes):
-        raise ValueError(f"{len(cpu.block_ids)} CPU blocks for {len(store.block_hashes)} keys")
+        raise TransferSpecError(
+            f"{len(cpu.block_ids)} CPU blocks for {len(store.block_hashes)} keys"
+        )
     rows = [int(b) for b in cpu.block_ids]
     bad = [r for r in rows if not 0 <= r < num_rows]
     if bad:
-        raise ValueError(f"CPU block ids {bad[:5]} outside 0..{num_rows - 1}")
+        raise TransferSpecError(f"CPU block ids {bad[:5]} outside 0..{num_rows - 1}")
     if not to_store and len(set(rows)) != len(rows):
-        raise ValueError("a load writes two blocks into one CPU block")
+        raise TransferSpecError("a load writes two blocks into one CPU block")
     return rows, store
