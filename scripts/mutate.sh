@@ -30,7 +30,7 @@ stamp=$venv/.kvtier-mutate
 want=$(sha256sum scripts/mutate.sh | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$py" -m pip install -q "mutmut==3.8.1" "pytest==9.2.0" "pytest-timeout==2.4.0" \
-    "hypothesis==6.170.15" "numpy>=1.24" "torch==2.13.0"
+    "hypothesis==6.170.15" "numpy>=1.24" "matplotlib>=3.7" "torch==2.13.0"
   echo "$want" > "$stamp"
 fi
 if "$py" -c "import kvtier" 2>/dev/null; then
@@ -43,10 +43,10 @@ run_target() {
   case $target in
     scheduler)
       sources='["src/kvtier/scheduler/"]'
-      tests='["tests/scheduler/", "tests/sim/"]' ;;
+      tests='["tests/scheduler/", "tests/sim/test_slru.py"]' ;;
     policies)
       sources='["src/kvtier/scheduler/policies/"]'
-      tests='["tests/scheduler/", "tests/sim/"]' ;;
+      tests='["tests/scheduler/", "tests/sim/test_slru.py"]' ;;
     block_format)
       sources='["src/kvtier/media/block_format.py"]'
       tests='["tests/media/test_block_format.py", "tests/media/test_disk.py"]' ;;
