@@ -3,8 +3,8 @@
 The replay is deterministic, so the figures are exact: hit blocks, evictions and blocks
 stored, out of 121,877 block references (a miss past the hit prefix that is resident
 is not stored again, so hits + stored < references). A change to a policy's order,
-its ghosts or its adaptation moves them; if that change is meant, update the row and say why in the commit (and in
-docs/simulate.md where the published figures live).
+its ghosts or its adaptation moves them; if that change is meant, update the row and
+say why in the commit (and in docs/simulate.md where the published figures live).
 """
 
 from __future__ import annotations
