@@ -141,12 +141,16 @@ class RecordingWorker:
         return getattr(self.inner, name)
 
 
-def install_recorder(llm: Any) -> ByteRecorder:
+def install_recorder(llm: Any, carry: ByteRecorder | None = None) -> ByteRecorder:
     """Wrap ``llm``'s offloading worker (before its first request) and return the recorder.
 
-    The one place that knows where the engine keeps its worker.
+    ``carry``: a recorder of an earlier engine over the same persistent tiers; what it
+    knew they hold (by block key) is known to this one. The one place that knows where
+    the engine keeps its worker.
     """
     connector = llm.connector
     recorder = ByteRecorder(llm.pool.kv_caches, connector.spec.block_size_factor)
+    if carry is not None:
+        recorder.keyed.update(carry.keyed)
     connector.worker = RecordingWorker(connector.worker, recorder)
     return recorder
