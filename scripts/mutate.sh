@@ -46,7 +46,7 @@ run_target() {
       tests='["tests/scheduler/", "tests/sim/test_slru.py"]' ;;
     policies)
       sources='["src/kvtier/scheduler/policies/"]'
-      tests='["tests/scheduler/", "tests/sim/test_slru.py"]' ;;
+      tests='["tests/scheduler/policies/", "tests/scheduler/test_manager_contract.py", "tests/sim/test_slru.py"]' ;;
     block_format)
       sources='["src/kvtier/media/block_format.py"]'
       tests='["tests/media/test_block_format.py", "tests/media/test_disk.py"]' ;;
@@ -72,7 +72,7 @@ open(path, "w").write(text)
 EOF
   (
     cd "$work"
-    export PYTHONPATH=src
+    export PYTHONPATH=src HYPOTHESIS_PROFILE=mutation
     nice -n "${NICE:-19}" "$py" -m mutmut run --max-children "${JOBS:-2}" > mutmut-run.log 2>&1 || true
     "$py" -m mutmut export-cicd-stats >/dev/null 2>&1 || true
     "$py" -m mutmut results --all true > mutmut-results.txt 2>/dev/null \

@@ -25,10 +25,11 @@ from kvtier.scheduler import POLICIES
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import make_policy
 from kvtier.scheduler.policies.base import EvictionPolicy
+from tests.budget import examples
 
 from .models import MODELS
 
-KEYS = 12
+KEYS = 16  # more than twice the largest capacity: ghost lists fill and overflow
 
 
 def k(i: int) -> BlockHash:
@@ -49,7 +50,7 @@ ops = st.lists(
         st.tuples(st.just("touch"), st.lists(key_ids, min_size=1, max_size=4)),
         st.tuples(st.just("probe"), st.integers(1, 4), st.lists(key_ids, max_size=3)),
     ),
-    max_size=80,
+    max_size=120,
 )
 
 
@@ -140,7 +141,7 @@ class _Twin:
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=examples(300), deadline=None, derandomize=True)
 @given(capacity=st.integers(1, 6), steps=ops)
 def test_policy_matches_its_model_step_by_step(
     name: str, capacity: int, steps: list[tuple[object, ...]]
@@ -165,7 +166,7 @@ def _manager(policy: EvictionPolicy, capacity: int) -> TierManager:
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
 @given(capacity=st.integers(1, 8), reqs=requests)
 def test_manager_over_policy_matches_manager_over_model(
     name: str, capacity: int, reqs: list[tuple[list[int], bool, bool]]
