@@ -1,7 +1,9 @@
 """A byte oracle for end-to-end tests: every page loaded is the page that was stored.
 
 Test-only, and independent of the media's own checks (block format, CRC, verification).
-``install_recorder(llm)`` wraps the engine's offloading worker in a ``RecordingWorker``:
+``install_recorder(llm)`` wraps the connector's worker half in a ``RecordingWorker``,
+which sees only the values that cross between the halves (``TransferJob`` going out,
+``TransferResult`` coming back) and the engine's KV pages:
 
 * when a store leaves the GPU (``GPU -> CPU`` job submitted: the engine keeps those
   pages unchanged until the job finishes), it takes a SHA-256 of each GPU page, over
@@ -30,6 +32,7 @@ from typing import Any
 import torch
 
 from kvtier.blocks import BlockHash, Medium
+from kvtier.jobs import TransferJob, TransferResult
 from kvtier.specs import GPULoadStoreSpec, KeyedBlocksSpec
 
 Digests = tuple[bytes | None, ...]  # one per GPU page of an offloaded block; None: unknown
@@ -118,17 +121,19 @@ class ByteRecorder:
 
 
 class RecordingWorker:
-    """An offloading worker that tells a ``ByteRecorder`` about every job."""
+    """A worker half (``kvtier.connector.worker_half.WorkerHalf``) that tells a
+    ``ByteRecorder`` about every job it is given and every result it reports."""
 
-    def __init__(self, worker: Any, recorder: ByteRecorder) -> None:
-        self.inner = worker
+    def __init__(self, inner: Any, recorder: ByteRecorder) -> None:
+        self.inner = inner
         self.recorder = recorder
 
-    def transfer_async(self, job_id: int, transfer: Any) -> bool:
-        self.recorder.submitted(job_id, transfer)
-        return bool(self.inner.transfer_async(job_id, transfer))
+    def submit(self, jobs: Sequence[TransferJob]) -> None:
+        for job in jobs:
+            self.recorder.submitted(job.job_id, job.spec)
+        self.inner.submit(jobs)
 
-    def get_finished(self) -> list[Any]:
+    def get_finished(self) -> list[TransferResult]:
         results = self.inner.get_finished()
         for result in results:
             self.recorder.finished(result.job_id, result.success)
@@ -137,8 +142,8 @@ class RecordingWorker:
     def wait(self, job_ids: Iterable[int]) -> None:
         self.inner.wait(job_ids)
 
-    def __getattr__(self, name: str) -> Any:  # shutdown, _handlers, ...
-        return getattr(self.inner, name)
+    def shutdown(self) -> None:
+        self.inner.shutdown()
 
 
 def install_recorder(llm: Any, carry: ByteRecorder | None = None) -> ByteRecorder:
@@ -146,7 +151,7 @@ def install_recorder(llm: Any, carry: ByteRecorder | None = None) -> ByteRecorde
 
     ``carry``: a recorder of an earlier engine over the same persistent tiers; what it
     knew they hold (by block key) is known to this one. The one place that knows where
-    the engine keeps its worker.
+    the engine keeps its worker half.
     """
     connector = llm.connector
     recorder = ByteRecorder(llm.pool.kv_caches, connector.spec.block_size_factor)
