@@ -120,3 +120,55 @@ def test_slru_ghosts_are_four_times_the_tier_oldest_forgotten_first() -> None:
     policy.add(k(1))  # forgotten: a new key, on probation
     policy.add(k(2))  # the oldest remembered ghost: protected
     assert policy.sizes == (1, 1, 7)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_one_by_one_adds_and_a_release_keep_lru_order(name: str) -> None:
+    policy = make_policy(name, 4)
+    for i in range(3):
+        policy.add(k(i))
+    held = {k(0)}
+    assert policy.choose_victims(1, held.__contains__, (), []) == [k(1)]  # parks k0
+    policy.release(k(0))
+    assert policy.choose_victims(3, never_held, (), []) == [k(0), k(1), k(2)]
+
+
+def arc_with(t1: int, t2: int, p: int) -> ARCPolicy:
+    """An ARC of 8 blocks holding ``t1`` blocks in T1 (k0..) and ``t2`` in T2 (k100..)."""
+    arc = ARCPolicy(8)
+    for i in range(t2):
+        arc.add(k(100 + i))
+        arc.release(k(100 + i))
+        arc.touch(k(100 + i), reused=True)
+    for i in range(t1):
+        arc.add(k(i))
+        arc.release(k(i))
+    arc.p = p
+    return arc
+
+
+def test_arc_takes_from_t1_while_it_is_over_target_counting_each_victim() -> None:
+    arc = arc_with(t1=3, t2=2, p=1)
+    # |T1| = 3 > 1: k0 (|T1| now 2 > 1): k1 (|T1| now 1, not > 1): T2's coldest.
+    assert arc.choose_victims(4, never_held, (), []) == [k(0), k(1), k(100), k(101)]
+
+
+def test_arc_a_single_t1_block_over_a_zero_target_goes_first() -> None:
+    arc = arc_with(t1=1, t2=1, p=0)
+    assert arc.choose_victims(1, never_held, (), []) == [k(0)]
+    arc = arc_with(t1=1, t2=1, p=1)  # |T1| == p: T2
+    assert arc.choose_victims(1, never_held, (), []) == [k(100)]
+
+
+def test_arc_p_moves_by_the_ghost_ratio_rounded_down_and_stays_in_range() -> None:
+    arc = ARCPolicy(8)
+    arc._b1.update(dict.fromkeys([k(1), k(2), k(3)]))
+    arc._b2.update(dict.fromkeys([k(4), k(5)]))
+    assert arc._adapted(3, k(4)) == 2  # a B2 hit: p - max(1, 3 // 2)
+    assert arc._adapted(1, k(4)) == 0
+    assert arc._adapted(0, k(4)) == 0  # never below 0
+    assert arc._adapted(3, k(1)) == 4  # a B1 hit: p + max(1, 2 // 3)
+    assert arc._adapted(8, k(1)) == 8  # never above the capacity
+    assert arc._adapted(3, k(9)) == 3  # not a ghost
+    arc._b2.update(dict.fromkeys([k(6), k(7), k(8), k(10), k(11)]))  # |B2| = 7
+    assert arc._adapted(3, k(1)) == 5  # p + 7 // 3
