@@ -172,3 +172,22 @@ def test_arc_p_moves_by_the_ghost_ratio_rounded_down_and_stays_in_range() -> Non
     assert arc._adapted(3, k(9)) == 3  # not a ghost
     arc._b2.update(dict.fromkeys([k(6), k(7), k(8), k(10), k(11)]))  # |B2| = 7
     assert arc._adapted(3, k(1)) == 5  # p + 7 // 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="slru.py demotes the coldest protected block *not parked*: a block parked "
+    "while pinned is skipped, though the docs (and SLRUModel) demote the coldest",
+)
+def test_slru_demotes_the_coldest_protected_block_even_when_it_is_pinned() -> None:
+    policy = SegmentedLRUPolicy(4)  # protected holds 3
+    for i in range(4):
+        policy.add(k(i))
+        policy.release(k(i))
+    for i in (0, 1, 2):
+        policy.touch(k(i), reused=True)  # protected [k0, k1, k2], probation [k3]
+    pinned = {k(0), k(3)}
+    # A search walks probation (k3 pinned), then protected, where it parks pinned k0.
+    assert policy.choose_victims(2, pinned.__contains__, (), []) == [k(1), k(2)]
+    policy.touch(k(3), reused=True)  # protected overflows: demote its coldest, k0
+    assert policy.choose_victims(1, never_held, (), []) == [k(0)]
