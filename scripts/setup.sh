@@ -26,6 +26,6 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
   python -m pip install -q -e ".[engine,remote,dev]" \
-    "ruff==0.17.6" "mypy==2.4.1" "pytest==9.2.0" "hypothesis==6.170.15"
+    "ruff==0.17.6" "mypy==2.4.1" "pytest==9.2.0" "pytest-timeout==2.4.0" "hypothesis==6.170.15"
   echo "$want" > "$stamp"
 fi

@@ -20,6 +20,7 @@ from kvtier.connector.worker_half import ConnectorWorker
 from kvtier.engine import LLM
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.errors import ConfigError
+from tests.byte_oracle import install_recorder
 
 from .workload import GPU_BLOCKS, PAGE, chats
 
@@ -28,6 +29,7 @@ def serve(
     model: Any, offload: Mapping[str, Any] | None, prompts: list[list[int]], block_size: int = PAGE
 ) -> tuple[list[list[int]], dict[str, int], LLM]:
     llm = LLM(model=model, num_gpu_blocks=GPU_BLOCKS, block_size=block_size, offload=offload)
+    recorder = install_recorder(llm) if offload is not None else None
     outs: list[list[int]] = []
     totals = {"loaded": 0, "stored": 0, "failed_loads": 0, "cpu_hits": 0, "disk_hits": 0}
     for p in prompts:
@@ -39,6 +41,9 @@ def serve(
         totals["failed_loads"] += st.offload.failed_loads
         totals["cpu_hits"] += st.offload.hit_blocks.get(Medium.CPU, 0)
         totals["disk_hits"] += st.offload.hit_blocks.get(Medium.DISK, 0)
+    if recorder is not None:  # the byte oracle: every page loaded is the page stored
+        assert recorder.mismatches == []
+        assert recorder.pages_checked >= totals["loaded"]
     return outs, totals, llm
 
 

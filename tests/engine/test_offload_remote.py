@@ -20,6 +20,7 @@ import pytest
 from kvtier.blocks import Medium
 from kvtier.engine import LLM, ModelSize, build_model
 from kvtier.engine.offload_connector import OffloadingConnector
+from tests.byte_oracle import ByteRecorder, install_recorder
 from tests.redis_server import RedisServer
 
 from .workload import GPU_BLOCKS, PAGE, chats
@@ -61,9 +62,12 @@ def remote_llm(model: Any, url: str) -> LLM:
     return LLM(model=model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=remote_cfg(url))
 
 
-def generate_all(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], int, int]:
+def generate_all(
+    llm: LLM, prompts: list[list[int]], recorder: ByteRecorder | None = None
+) -> tuple[list[list[int]], int, int]:
     """Serve turn by turn; write-through finishes between turns (``flush``), so what
-    reaches Redis does not depend on thread timing."""
+    reaches Redis does not depend on thread timing. With ``recorder`` (the byte
+    oracle), every page loaded must be the page stored."""
     outs, remote_hits, failed = [], 0, 0
     for p in prompts:
         outs += llm.generate([p], max_new_tokens=4)
@@ -72,9 +76,12 @@ def generate_all(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], i
         assert llm.last_stats is not None
         remote_hits += llm.last_stats.offload.hit_blocks.get(Medium.REMOTE, 0)
         failed += llm.last_stats.offload.failed_loads
+    if recorder is not None:
+        assert recorder.mismatches == []
     return outs, remote_hits, failed
 
 
+@pytest.mark.timeout(600)  # its child engine alone may take up to 300 s on a loaded machine
 def test_a_second_engine_process_hits_what_the_first_computed(
     tiny_model: Any, redis_server: RedisServer, baseline: list[list[int]]
 ) -> None:
@@ -122,10 +129,11 @@ def test_redis_killed_mid_run_then_back(
     prompts = chats()
     outs: list[list[int]] = []
     with remote_llm(tiny_model, redis_server.url) as llm:
-        part, hits_before, _ = generate_all(llm, prompts[:8])
+        recorder = install_recorder(llm)
+        part, hits_before, _ = generate_all(llm, prompts[:8], recorder)
         outs += part
         redis_server.kill()
-        part, _, _ = generate_all(llm, prompts[8:9])  # no store, no lookup answers
+        part, _, _ = generate_all(llm, prompts[8:9], recorder)  # no store, no lookup answers
         outs += part
         redis_server.start()  # empty: what it held is gone
         assert isinstance(llm.connector, OffloadingConnector)
@@ -134,7 +142,7 @@ def test_redis_killed_mid_run_then_back(
         while breaker.retry_in() > 0 and time.monotonic() < deadline:
             time.sleep(0.01)  # the backoff grew while Redis was down; the engine's
             # next operation after it is the probe that brings the tier back
-        part, hits_after, failed_after = generate_all(llm, prompts[9:] + prompts[9:])
+        part, hits_after, failed_after = generate_all(llm, prompts[9:] + prompts[9:], recorder)
         outs += part
     assert outs == baseline + baseline[9:]
     assert hits_before > 0

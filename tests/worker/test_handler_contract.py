@@ -166,11 +166,15 @@ def test_submission_order_with_mixed_jobs(case: Case) -> None:
 
 
 def test_wait_on_unknown_or_reported_ids_returns(case: Case) -> None:
+    """``wait`` returns at once for ids it never saw or already reported (a hang fails
+    by the per-test timeout); it neither reports nor loses a job."""
     case.handler.wait([12345])
-    case.handler.transfer_async(1, case.valid(1))
+    assert case.handler.get_finished() == []
+    assert case.handler.transfer_async(1, case.valid(1)) is True
     case.handler.wait([1])
-    case.handler.get_finished()
+    assert [(r.job_id, r.success) for r in case.handler.get_finished()] == [(1, True)]
     case.handler.wait([1])
+    assert case.handler.get_finished() == []
 
 
 def test_get_finished_does_not_block_or_raise_when_idle(case: Case) -> None:

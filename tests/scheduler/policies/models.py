@@ -1,0 +1,267 @@
+"""Reference models of the eviction policies, written plainly from their papers.
+
+Test oracles only. Each model keeps its lists as Python lists, coldest first, and does
+every step the slow, obvious way (``list.remove``, comprehensions), sharing no code
+with ``kvtier.scheduler.policies`` beyond the ``EvictionPolicy`` interface it fills in.
+The fast policies park held blocks, batch additions and trim ghosts in loops; the
+models do none of that, so a mistake in that machinery shows as a difference.
+
+What "evictable" means is the manager's business: a block is offered only when it is
+not held (being stored, or pinned by a load) and not among the store's own keys. Every
+model applies that filter to its exact recency order, which is what the fast
+``RecencyList`` promises to reproduce.
+
+kvtier's documented deviations from the papers (``policies/arc.py``, ``slru.py``),
+and so the models':
+
+* Blocks enter on ``add`` (a store) and a second use is ``touch(key, reused=True)``;
+  a touch with ``reused=False`` (a block still being stored) is recency only.
+* ARC: eviction happens before the incoming blocks are added, so ``choose_victims``
+  first applies to ``p`` the adaptation the incoming keys that are ghosts will cause,
+  one key after the other, with the ghost lists as they are. REPLACE takes T1's
+  coldest block when ``|T1| > p`` (resident blocks, held ones included), else T2's,
+  and falls back to the other list when the preferred one has nothing evictable
+  (the paper's extra ``x in B2 and |T1| == p`` case is not used). A returning ghost
+  goes straight to T2's MRU end. The ghost bounds ``|T1| + |B1| <= c`` and
+  ``|T1| + |T2| + |B1| + |B2| <= 2c`` are restored after every add and eviction by
+  dropping the oldest ghosts, B1's for the first bound, B2's first for the second.
+  ``p`` moves by ``|B2| / |B1|`` (or ``|B1| / |B2|``) rounded down, at least 1.
+* SLRU (Karedla et al.): probation then protected, protected at most ``int(0.9 c)``
+  blocks (at least 1); overflow demotes protected's coldest block to probation's MRU
+  end; victims come from probation first, then protected, coldest first; evicted keys
+  are remembered in a FIFO ghost list of ``4 c`` keys, and a ghost stored again
+  enters protected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+
+
+def _evictable(
+    order: list[BlockHash], is_held: IsHeld, protected: Collection[BlockHash]
+) -> list[BlockHash]:
+    return [key for key in order if key not in protected and not is_held(key)]
+
+
+def _to_mru(order: list[BlockHash], key: BlockHash) -> None:
+    order.remove(key)
+    order.append(key)
+
+
+class LRUModel(EvictionPolicy):
+    """Textbook LRU: one list; every use moves a block to the most recent end."""
+
+    name = "lru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.order: list[BlockHash] = []
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def add(self, key: BlockHash) -> None:
+        assert key not in self.order
+        self.order.append(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self.order:
+            _to_mru(self.order, key)
+
+    def remove(self, key: BlockHash) -> None:
+        self.order.remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        candidates = _evictable(self.order, is_held, protected)
+        return candidates[:n] if len(candidates) >= n else None
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            self.order.remove(key)
+
+
+class ARCModel(EvictionPolicy):
+    """ARC (Megiddo & Modha, FAST'03, Fig. 4) with kvtier's deviations (module doc)."""
+
+    name = "arc"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.t1: list[BlockHash] = []
+        self.t2: list[BlockHash] = []
+        self.b1: list[BlockHash] = []
+        self.b2: list[BlockHash] = []
+        self.p = 0
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        return len(self.t1), len(self.t2), len(self.b1), len(self.b2)
+
+    def _adapt(self, p: int, key: BlockHash) -> int:
+        """The paper's adaptation for a hit on ghost ``key`` (Case II / Case III)."""
+        c, b1, b2 = self.capacity, len(self.b1), len(self.b2)
+        if key in self.b1:  # Case II: delta1 = 1 if |B1| >= |B2| else |B2| / |B1|
+            delta = 1 if b1 >= b2 else b2 // b1
+            return min(p + delta, c)
+        if key in self.b2:  # Case III: delta2 = 1 if |B2| >= |B1| else |B1| / |B2|
+            delta = 1 if b2 >= b1 else b1 // b2
+            return max(p - delta, 0)
+        return p
+
+    def _bound_ghosts(self) -> None:
+        c = self.capacity
+        while len(self.t1) + len(self.b1) > c and self.b1:
+            del self.b1[0]  # the oldest ghost of B1
+        while len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2) > 2 * c:
+            del (self.b2 if self.b2 else self.b1)[0]
+
+    def add(self, key: BlockHash) -> None:
+        assert key not in self.t1 and key not in self.t2
+        if key in self.b1 or key in self.b2:
+            self.p = self._adapt(self.p, key)
+            (self.b1 if key in self.b1 else self.b2).remove(key)
+            self.t2.append(key)
+        else:
+            self.t1.append(key)
+        self._bound_ghosts()
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self.t1 and reused:
+            self.t1.remove(key)
+            self.t2.append(key)
+        elif key in self.t1:
+            _to_mru(self.t1, key)
+        elif key in self.t2:
+            _to_mru(self.t2, key)
+
+    def remove(self, key: BlockHash) -> None:
+        (self.t1 if key in self.t1 else self.t2).remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        p = self.p
+        for key in incoming:
+            p = self._adapt(p, key)
+        t1 = _evictable(self.t1, is_held, protected)
+        t2 = _evictable(self.t2, is_held, protected)
+        t1_size = len(self.t1)
+        victims: list[BlockHash] = []
+        for _ in range(n):
+            lists = (t1, t2) if t1_size > p else (t2, t1)  # REPLACE: is T1 over target?
+            source = next((lst for lst in lists if lst), None)
+            if source is None:
+                return None
+            victims.append(source.pop(0))
+            if source is t1:
+                t1_size -= 1
+        return victims
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            if key in self.t1:
+                self.t1.remove(key)
+                self.b1.append(key)
+            else:
+                self.t2.remove(key)
+                self.b2.append(key)
+        self._bound_ghosts()
+
+
+class SLRUModel(EvictionPolicy):
+    """Segmented LRU (Karedla et al., 1994) with a FIFO ghost list for admission."""
+
+    name = "slru"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.probation: list[BlockHash] = []
+        self.protected: list[BlockHash] = []
+        self.ghost: list[BlockHash] = []
+        self.protected_cap = max(1, int(0.9 * capacity))
+        self.ghost_cap = 4 * capacity
+
+    def __len__(self) -> int:
+        return len(self.probation) + len(self.protected)
+
+    @property
+    def sizes(self) -> tuple[int, int, int]:
+        return len(self.probation), len(self.protected), len(self.ghost)
+
+    def _protect(self, key: BlockHash) -> None:
+        self.protected.append(key)
+        if len(self.protected) > self.protected_cap:
+            self.probation.append(self.protected.pop(0))
+
+    def add(self, key: BlockHash) -> None:
+        assert key not in self.probation and key not in self.protected
+        if key in self.ghost:
+            self.ghost.remove(key)
+            self._protect(key)
+        else:
+            self.probation.append(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self.probation and reused:
+            self.probation.remove(key)
+            self._protect(key)
+        elif key in self.probation:
+            _to_mru(self.probation, key)
+        elif key in self.protected:
+            _to_mru(self.protected, key)
+
+    def remove(self, key: BlockHash) -> None:
+        (self.probation if key in self.probation else self.protected).remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        candidates = _evictable(self.probation, is_held, protected) + _evictable(
+            self.protected, is_held, protected
+        )
+        return candidates[:n] if len(candidates) >= n else None
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            self.remove(key)
+            self.ghost.append(key)
+        while len(self.ghost) > self.ghost_cap:
+            del self.ghost[0]
+
+
+MODELS: dict[str, type[EvictionPolicy]] = {
+    "lru": LRUModel,
+    "arc": ARCModel,
+    "slru": SLRUModel,
+}
+"""Each registered policy's reference model, by policy name."""
