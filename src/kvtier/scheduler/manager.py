@@ -147,6 +147,7 @@ class TierManager:
             if blk is None or blk.state is not BlockState.READY:
                 break
             hit += 1
+        self.policy.observe(block_hashes)
         n = self._n
         n["lookups"] += 1
         n["lookup_blocks"] += len(block_hashes)
