@@ -69,6 +69,7 @@ class EvictionPolicy(ABC):
         For a policy that learns from the traffic (``adaptive``); it must not change
         which blocks are resident or their order.
         """
+        del keys  # most policies learn only from add and touch
 
     @abstractmethod
     def choose_victims(
