@@ -24,19 +24,24 @@ largest power of two <= capacity / 512 (at most 256), so each shadow holds at le
 run full-size shadows (R = 1). Sampling by the key's first byte is uniform for
 kvtier's SHA-256 keys and for trace ids (little-endian integers).
 
-When the share shrinks, the protected list is trimmed gradually: each promotion
-demotes up to two blocks, so no call pays for the whole change. Eviction, pins and
+When the share shrinks, protected holds more than its share; until it is back
+within it, each victim is the older, by last use, of the two lists' coldest blocks
+(every block's last use is kept), and at share 0 a reused block or a returning ghost
+goes to probation's hot end -- so share 0 evicts as LRU does from the first eviction
+after the switch, and no call pays more than its own evictions. Eviction, pins and
 ghosts are ``slru``'s (held blocks are parked; eviction stays O(evicted)).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from zlib import crc32
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.policies.slru import GHOST_FACTOR, SegmentedLRUPolicy
+from kvtier.scheduler.policies.base import IsHeld
+from kvtier.scheduler.policies.slru import GHOST_FACTOR, PROTECTED_SHARE, SegmentedLRUPolicy
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9)
 """Candidate protected shares (0.0 is LRU, 0.9 is ``slru``)."""
@@ -55,22 +60,35 @@ DECAY = 0.875
 
 
 class _Shadow:
-    """A keys-only segmented LRU of one candidate share, fed whole requests.
+    """A keys-only copy of the tier's rules at one share, fed whole requests.
 
     ``request(keys)`` replays one lookup the way the tier serves it: the prefix hit is
     counted, the resident keys are used again (the first key last, so it ends up the
-    most recent), and the missing ones are stored (a ghost enters protected).
+    most recent), and the missing ones are stored (a ghost enters protected). Values
+    are last-use times, as the tier keeps them.
     """
 
-    __slots__ = ("_cap", "_ghost", "_ghost_cap", "_prob", "_prot", "_prot_cap", "hits")
+    __slots__ = (
+        "_cap",
+        "_clock",
+        "_ghost",
+        "_ghost_cap",
+        "_prob",
+        "_prot",
+        "_prot_max",
+        "_share_cap",
+        "hits",
+    )
 
     def __init__(self, capacity: int, share: float) -> None:
         self._cap = capacity
-        self._prot_cap = int(capacity * share)
+        self._share_cap = int(capacity * share)
+        self._prot_max = max(1, int(capacity * PROTECTED_SHARE))
         self._ghost_cap = GHOST_FACTOR * capacity
-        self._prob: OrderedDict[BlockHash, None] = OrderedDict()
-        self._prot: OrderedDict[BlockHash, None] = OrderedDict()
+        self._prob: OrderedDict[BlockHash, int] = OrderedDict()
+        self._prot: OrderedDict[BlockHash, int] = OrderedDict()
         self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
+        self._clock = 0
         self.hits = 0
 
     def request(self, keys: Sequence[BlockHash]) -> None:
@@ -81,32 +99,47 @@ class _Shadow:
                 break
             hit += 1
         self.hits += hit
+        clock = self._clock
         for key in reversed(keys):  # a use of every resident key
             if key in prot:
+                clock += 1
+                prot[key] = clock
                 prot.move_to_end(key)
             elif key in prob:
                 del prob[key]
-                self._protect(key)
+                clock += 1
+                self._protect(key, clock)
         for key in keys:  # the missing keys are stored
             if key in prot or key in prob:
                 continue
+            clock += 1
             if key in ghost:
                 del ghost[key]
-                self._protect(key)
+                self._protect(key, clock)
             else:
-                prob[key] = None
+                prob[key] = clock
             if len(prob) + len(prot) > self._cap:
-                victim, _ = (prob if prob else prot).popitem(last=False)
-                ghost[victim] = None
+                self._evict_one()
+        self._clock = clock
         while len(ghost) > self._ghost_cap:
             ghost.popitem(last=False)
 
-    def _protect(self, key: BlockHash) -> None:
+    def _protect(self, key: BlockHash, clock: int) -> None:
         prot = self._prot
-        prot[key] = None
-        while len(prot) > self._prot_cap:
-            demoted, _ = prot.popitem(last=False)
-            self._prob[demoted] = None
+        prot[key] = clock
+        if len(prot) > self._prot_max:
+            demoted, used = prot.popitem(last=False)
+            self._prob[demoted] = used
+
+    def _evict_one(self) -> None:
+        prob, prot = self._prob, self._prot
+        if not prob or (
+            len(prot) > self._share_cap and next(iter(prot.values())) < next(iter(prob.values()))
+        ):
+            victim, _ = prot.popitem(last=False)
+        else:
+            victim, _ = prob.popitem(last=False)
+        self._ghost[victim] = None
 
 
 class AdaptivePolicy(SegmentedLRUPolicy):
@@ -129,7 +162,9 @@ class AdaptivePolicy(SegmentedLRUPolicy):
         # Start as slru: while the tier fills nothing is evicted, so the share costs
         # nothing yet, and the reused blocks are already in protected if it wins.
         self._leader = len(SHARES) - 1
-        self._protected_cap = int(capacity * SHARES[self._leader])
+        self._share_cap = int(capacity * SHARES[self._leader])
+        self._used: dict[BlockHash, int] = {}  # key -> time of its last add or touch
+        self._clock = itertools.count()
 
     @property
     def share(self) -> float:
@@ -153,30 +188,50 @@ class AdaptivePolicy(SegmentedLRUPolicy):
         best = max(range(len(scores)), key=scores.__getitem__)
         if scores[best] > scores[self._leader]:  # ties keep the current share
             self._leader = best
-            self._protected_cap = int(self.capacity * SHARES[best])
+            self._share_cap = int(self.capacity * SHARES[best])
         self._left = self._window
 
     def add(self, key: BlockHash) -> None:
+        self._used[key] = next(self._clock)
         super().add(key)
-        self._trim()
 
     def touch(self, key: BlockHash, reused: bool) -> None:
-        if reused and not self._protected_cap and not len(self._protected):
-            # share 0 with nothing left to trim: a promotion would demote the key
-            # itself to probation's hot end at once -- that is a plain LRU touch
-            if key in self._probation:
-                self._probation.touch(key)
-            return
+        self._used[key] = next(self._clock)
         super().touch(key, reused)
-        if reused:
-            self._trim()
 
-    def _trim(self) -> None:
-        """After the share shrank: demote protected's coldest (two per store or use)."""
-        protected = self._protected
-        for _ in range(2):
-            if len(protected) <= self._protected_cap:
-                return
-            demoted = protected.first()
-            protected.remove(demoted)
-            self._probation.add(demoted)
+    def remove(self, key: BlockHash) -> None:
+        super().remove(key)
+        del self._used[key]
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        excess = len(self._protected) - self._share_cap
+        if excess <= 0:
+            return super().choose_victims(n, is_held, protected, incoming)
+        # Protected is over the share: the older (by last use) of the two lists'
+        # coldest blocks goes until it is back within it -- at share 0, LRU's victim.
+        used = self._used
+        from_prob = self._probation.evictable(is_held, protected)
+        from_prot = self._protected.evictable(is_held, protected)
+        victims: list[BlockHash] = []
+        try:
+            a, b = next(from_prob, None), next(from_prot, None)
+            while len(victims) < n:
+                if b is not None and (a is None or (excess > 0 and used[b] < used[a])):
+                    victims.append(b)
+                    excess -= 1
+                    b = next(from_prot, None)
+                elif a is not None:
+                    victims.append(a)
+                    a = next(from_prob, None)
+                else:
+                    return None
+        finally:
+            from_prob.close()
+            from_prot.close()
+        return victims
