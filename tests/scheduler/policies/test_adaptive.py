@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtier.blocks import BlockHash, Medium
@@ -182,10 +182,15 @@ class _Model:
         del self.ghost[: max(0, len(self.ghost) - self.ghost_cap)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     leader=st.integers(0, len(SHARES) - 1),
-    ops=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 11), st.booleans()), max_size=80),
+    ops=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 8), st.booleans()), max_size=120),
+)
+@example(  # share 0: a block used after two reused ones goes before them
+    leader=0,
+    ops=[(0, i, False) for i in range(6)]
+    + [(1, 3, True), (1, 4, True), (1, 0, False), (2, 2, False)],
 )
 def test_the_tier_follows_the_plain_model(leader: int, ops: list[tuple[int, int, bool]]) -> None:
     capacity = 6
