@@ -68,3 +68,19 @@ def test_bad_input_exits_2_with_a_message(
 ) -> None:
     assert main(["simulate", "--trace", str(trace_file), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_tiered_sweep_of_a_generated_agents_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "s.json"
+    argv = ["simulate", "--generate", "3", "--shape", "agents", "--sweep", "1%",
+            "--disk-capacity", "50%", "--policy", "lru", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "agents" in text and "cpu hits" in text and "disk hits" in text
+    run = json.loads(out.read_text())["points"][0]["runs"][0]
+    cpu, disk = run["tiers"]
+    assert (cpu["medium"], disk["medium"]) == ("CPU", "DISK")
+    assert cpu["hit_blocks"] + disk["hit_blocks"] == run["hit_blocks"]
+    assert disk["capacity_blocks"] == run["disk_capacity_blocks"] > run["capacity_blocks"]

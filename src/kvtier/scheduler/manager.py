@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
+from itertools import repeat
 
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
@@ -88,11 +89,14 @@ class TierManager:
         self.store_threshold = store_threshold
         self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
         self._blocks: dict[BlockHash, _Block] = {}
+        # Blocks STORING or pinned by a load: not evictable now. A set, so that the
+        # policy's "is it held?" is one C-level membership test.
+        self._busy: set[BlockHash] = set()
+        self._is_held: Callable[[BlockHash], bool] = self._busy.__contains__
         self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
         self._seen_cap = 4 * num_blocks
-        self._held = 0  # blocks STORING or pinned by a load: not evictable now
         self._n: dict[str, int] = {f.name: 0 for f in fields(ManagerStats)}
 
     # -- queries -------------------------------------------------------------------
@@ -143,6 +147,7 @@ class TierManager:
             if blk is None or blk.state is not BlockState.READY:
                 break
             hit += 1
+        self.policy.observe(block_hashes)
         n = self._n
         n["lookups"] += 1
         n["lookup_blocks"] += len(block_hashes)
@@ -164,10 +169,11 @@ class TierManager:
                     f"prepare_load: block {key.hex()[:16]} is "
                     f"{'absent' if blk is None else blk.state.value}, not ready"
                 )
-        for blk in blocks:
+        busy = self._busy
+        for key, blk in zip(block_hashes, blocks, strict=True):
             assert blk is not None
-            if blk.pins == 0:
-                self._held += 1
+            if not blk.pins:
+                busy.add(key)
             blk.pins += 1
         self._n["loads"] += len(blocks)
         return self._spec_type.for_blocks(block_hashes, [blk.slot for blk in blocks if blk])
@@ -207,7 +213,7 @@ class TierManager:
             blk.pins -= count
             if blk.pins == 0:
                 released.append(key)
-        self._held -= len(released)
+        self._busy.difference_update(released)
         self.policy.release_all(released)
 
     def prepare_store(self, block_hashes: Sequence[BlockHash]) -> PrepareStoreOutput | None:
@@ -239,11 +245,9 @@ class TierManager:
         free = self._free
         slots = free[len(free) - len(to_store) :]
         del free[len(free) - len(to_store) :]
-        storing = BlockState.STORING
-        for key, slot in zip(to_store, slots, strict=True):
-            blocks[key] = _Block(slot, storing)
+        blocks.update(zip(to_store, map(_Block, slots, repeat(BlockState.STORING)), strict=True))
+        self._busy.update(to_store)
         self.policy.add_all(to_store)
-        self._held += len(to_store)
         if self.store_threshold > 1:
             for key in to_store:
                 self._seen.pop(key, None)
@@ -264,7 +268,7 @@ class TierManager:
         of the head is stored: a promotion needs them all).
         """
         blocks, ready, threshold = self._blocks, BlockState.READY, self.store_threshold
-        room = len(self._free) + len(blocks) - self._held  # free + evictable slots
+        room = len(self._free) + len(blocks) - len(self._busy)  # free + evictable slots
         new: set[BlockHash] = set()
         protected: set[BlockHash] = set()
         for i, key in enumerate(block_hashes):
@@ -292,7 +296,7 @@ class TierManager:
         Raises:
             ProtocolError: a key is not resident (nothing is changed).
         """
-        found = [self._blocks.get(key) for key in block_hashes]
+        found = list(map(self._blocks.get, block_hashes))
         if None in found:  # blocks compare by identity: this is a C-level scan
             key = block_hashes[found.index(None)]
             raise ProtocolError(
@@ -310,10 +314,9 @@ class TierManager:
                 del self._blocks[key]
                 self._free.append(blk.slot)
                 self.policy.remove(key)
-        self._held -= len(changed)
+        self._busy.difference_update(changed)
         if success:
             self.policy.release_all(changed)
-        if success:
             self._n["stored"] += len(changed)
         else:
             self._n["store_failures"] += len(changed)
@@ -405,15 +408,10 @@ class TierManager:
 
     # -- internals ------------------------------------------------------------------
 
-    def _is_held(self, key: BlockHash) -> bool:
-        blk = self._blocks[key]
-        return blk.pins > 0 or blk.state is not BlockState.READY
-
     def _evict(self, victims: list[BlockHash]) -> None:
-        blocks, ready = self._blocks, BlockState.READY
-        freed = [blocks.pop(key) for key in victims]
-        assert all(b.state is ready and b.pins == 0 for b in freed), "policy chose a held block"
-        self._free.extend(b.slot for b in freed)
+        assert self._busy.isdisjoint(victims), "policy chose a held block"
+        blocks = self._blocks
+        self._free.extend([blocks.pop(key).slot for key in victims])
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)
         if self.enable_events:

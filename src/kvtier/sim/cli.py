@@ -28,7 +28,7 @@ from kvtier.sim.progress import Progress
 from kvtier.sim.sweep import SweepPoint, point_to_json, run_sweep, run_to_json
 from kvtier.sim.trace import DEFAULT_BLOCK_SIZE, Trace, read_mooncake
 from kvtier.sim.traces import SYNTHETIC_TRACE
-from kvtier.sim.workload import WorkloadConfig, generate
+from kvtier.sim.workload import SHAPES, generate, shaped
 
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TRACE = SYNTHETIC_TRACE
@@ -48,7 +48,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--generate",
         type=int,
         metavar="SEED",
-        help="replay a generated chat/document workload with this seed instead of a file",
+        help="replay a generated workload with this seed instead of a file (see --shape)",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="mixed",
+        help="shape of the --generate workload: chats and documents (mixed), chat, "
+        "documents, or agents on long shared tool prompts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--disk-capacity",
+        metavar="CAP",
+        help="replay a CPU tier with a disk tier of this capacity behind it (inclusive, "
+        "write-through; same forms as --capacity); hits are reported per tier",
     )
     parser.add_argument(
         "--block-size",
@@ -92,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace) -> Trace:
     if args.generate is not None:
-        return generate(WorkloadConfig(seed=args.generate, block_size=args.block_size))
+        return generate(shaped(args.shape, args.generate, block_size=args.block_size))
     path = args.trace
     if path is None:
         if not DEFAULT_TRACE.is_file():
@@ -134,6 +147,12 @@ def _print_sweep(points: Sequence[SweepPoint]) -> None:
     for index, run in enumerate(points[0].runs if points else ()):
         cells = "".join(f"{100 * p.runs[index].ratios.block_hit_ratio:>9.2f}" for p in points)
         print(f"  {run.policy:<20}{cells}")
+        for tier in range(1, len(run.tiers)):  # a tiered replay: what each tier served
+            for name, t in (("cpu", 0), ("disk", tier)):
+                cells = "".join(
+                    f"{100 * p.runs[index].tiers[t].block_hit_ratio:>9.2f}" for p in points
+                )
+                print(f"    {name + ' hits':<18}{cells}")
     if points and all(p.belady is not None for p in points):
         cells = "".join(f"{100 * p.belady.block_hit_ratio:>9.2f}" for p in points if p.belady)
         print(f"  {'belady (offline)':<20}{cells}")
@@ -180,6 +199,9 @@ def main(args: argparse.Namespace) -> int:
             policies,
             kv_bytes_per_token=kv_bytes,
             store_threshold=args.store_threshold,
+            disk_capacity=parse_capacity(args.disk_capacity, "--disk-capacity")
+            if args.disk_capacity
+            else None,
             with_belady=not args.no_belady,
             progress=progress,
         )
@@ -227,6 +249,7 @@ def _write_json(
             "policies": args.policy or ["lru"],
             "capacities": [p.capacity for p in points],
             "store_threshold": args.store_threshold,
+            "disk_capacity": args.disk_capacity,
             "kv_bytes_per_token": args.kv_bytes_per_token,
         },
         **_environment(),

@@ -41,10 +41,15 @@ def run_sweep(
     *,
     kv_bytes_per_token: int | None = None,
     store_threshold: int = 0,
+    disk_capacity: Capacity | None = None,
     with_belady: bool = True,
     progress: Progress | None = None,
 ) -> tuple[SweepPoint, ...]:
     """Replay ``trace`` for each capacity and policy.
+
+    With ``disk_capacity``, each replay is tiered: the capacity swept is the CPU
+    tier's, with a disk tier of ``disk_capacity`` behind it, and Belady is computed at
+    the larger of the two (an inclusive hierarchy holds no more distinct blocks).
 
     Raises:
         ConfigError: an unknown policy, or a byte capacity without bytes per token.
@@ -56,11 +61,27 @@ def run_sweep(
             block_size=trace.block_size,
             kv_bytes_per_token=kv_bytes_per_token,
         )
+        disk = (
+            disk_capacity.blocks(
+                distinct_blocks=trace.num_distinct_blocks,
+                block_size=trace.block_size,
+                kv_bytes_per_token=kv_bytes_per_token,
+            )
+            if disk_capacity is not None
+            else 0
+        )
         runs = tuple(
-            replay(trace, blocks, policy, store_threshold=store_threshold, progress=progress)
+            replay(
+                trace,
+                blocks,
+                policy,
+                store_threshold=store_threshold,
+                disk_capacity_blocks=disk,
+                progress=progress,
+            )
             for policy in policies
         )
-        reference = belady(trace, blocks, progress) if with_belady else None
+        reference = belady(trace, max(blocks, disk), progress) if with_belady else None
         points.append(SweepPoint(capacity.text, blocks, runs, reference))
     return tuple(points)
 
@@ -70,6 +91,7 @@ def run_to_json(result: ReplayResult) -> dict[str, object]:
     out: dict[str, object] = {
         "policy": result.policy,
         "capacity_blocks": result.capacity_blocks,
+        "disk_capacity_blocks": result.disk_capacity_blocks,
         "store_threshold": result.store_threshold,
         **asdict(result.ratios),
         "tiers": [asdict(tier) for tier in result.tiers],

@@ -7,6 +7,7 @@ is one module plus one line here.
 from __future__ import annotations
 
 from kvtier.errors import ConfigError
+from kvtier.scheduler.policies.adaptive import AdaptivePolicy
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
@@ -16,6 +17,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
     "lru": LRUPolicy,
     "arc": ARCPolicy,
     "slru": SegmentedLRUPolicy,
+    "adaptive": AdaptivePolicy,
 }
 
 
@@ -35,4 +37,4 @@ def make_policy(name: str, capacity: int) -> EvictionPolicy:
     return cls(capacity)
 
 
-__all__ = ["POLICIES", "ARCPolicy", "EvictionPolicy", "LRUPolicy", "make_policy"]
+__all__ = ["POLICIES", "ARCPolicy", "AdaptivePolicy", "EvictionPolicy", "LRUPolicy", "make_policy"]

@@ -91,8 +91,12 @@ class ARCPolicy(SegmentedPolicy):
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
         p = self.p
-        for new in incoming:
-            p = self._adapted(p, new)
+        if self._b1 or self._b2:
+            for new in incoming:
+                p = self._adapted(p, new)
+        fast = self._coldest(n, p, is_held, protected)
+        if fast is not None:
+            return fast
         from_t1 = self._t1.evictable(is_held, protected)
         from_t2 = self._t2.evictable(is_held, protected)
         n1 = len(self._t1)
@@ -114,6 +118,19 @@ class ARCPolicy(SegmentedPolicy):
             from_t1.close()
             from_t2.close()
         return victims
+
+    def _coldest(
+        self, n: int, p: int, is_held: IsHeld, protected: Collection[BlockHash]
+    ) -> list[BlockHash] | None:
+        """The victims when no list runs out of evictable blocks: T1's coldest while
+        ``|T1| > p``, then T2's; ``None`` if a list runs out (the caller walks)."""
+        n1 = len(self._t1)
+        k1 = max(0, min(n, n1 - p)) if n1 > 0 else 0
+        from_t1 = self._t1.coldest(k1, is_held, protected) if k1 else []
+        from_t2 = self._t2.coldest(n - k1, is_held, protected) if n > k1 else []
+        if from_t1 is None or from_t2 is None:
+            return None
+        return from_t1 + from_t2
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         for key in victims:

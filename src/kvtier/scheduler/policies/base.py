@@ -8,6 +8,7 @@ pins, slots, capacity, events — and tells the policy only what it needs:
   stored (recency only: that is not a second use).
 * ``remove(key)``: a block left without being evicted (its store failed).
 * ``release(key)``: a block that was held (storing or pinned) is evictable again.
+* ``observe(keys)``: a request looked up these keys (a policy may learn from it).
 * ``add_all`` / ``release_all``: the same for a batch, in order (the manager calls
   these; the base class loops, a policy may do better).
 * ``choose_victims(n, is_held, protected, incoming)``: pick ``n`` evictable blocks, or
@@ -61,6 +62,14 @@ class EvictionPolicy(ABC):
         """``release`` each key (a policy may do it faster)."""
         for key in keys:
             self.release(key)
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        """A request looked up ``keys`` (its whole prefix, in order). Default: nothing.
+
+        For a policy that learns from the traffic (``adaptive``); it must not change
+        which blocks are resident or their order.
+        """
+        del keys  # most policies learn only from add and touch
 
     @abstractmethod
     def choose_victims(

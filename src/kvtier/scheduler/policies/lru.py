@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from itertools import islice
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -47,12 +46,7 @@ class LRUPolicy(EvictionPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
-        candidates = self._list.evictable(is_held, protected)
-        try:
-            victims = list(islice(candidates, n))
-        finally:
-            candidates.close()
-        return victims if len(victims) == n else None
+        return self._list.coldest(n, is_held, protected)
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         self._list.remove_all(victims)

@@ -17,6 +17,11 @@ in a heap keyed by their parking sequence and are offered before the list::
     coldest ─► [released parked blocks, by parking order] ─► [the list, LRU → MRU] ─► hottest
 
 A touch of a parked block simply moves it back to the hot end of the list.
+
+``coldest(n)`` is the fast path of a search: when nothing is waiting in the heap and
+the ``n`` coldest keys of the list are neither held nor protected -- the usual case --
+they are the answer, taken and checked by C-level iteration (``islice``, ``map``),
+without the generator.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Generator, Hashable, Iterator, Sequence
+from itertools import islice
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -90,6 +96,36 @@ class RecencyList(Generic[K]):
             for key in keys:
                 self.release(key)
 
+    def coldest(
+        self, n: int, is_held: Callable[[K], bool], protected: Collection[K]
+    ) -> list[K] | None:
+        """The ``n`` coldest evictable keys (as ``evictable`` yields them), or ``None``
+        if the list has fewer. Nothing is removed."""
+        if not self._released:
+            victims = list(islice(self._order, n))
+            if (
+                len(victims) == n
+                and not any(map(is_held, victims))
+                and not any(map(protected.__contains__, victims))
+            ):
+                return victims
+        candidates = self.evictable(is_held, protected)
+        try:
+            victims = list(islice(candidates, n))
+        finally:
+            candidates.close()
+        return victims if len(victims) == n else None
+
+    def first(self) -> K:
+        """The coldest key, held or not (released parked keys, then the list)."""
+        if not self._released:
+            return next(iter(self._order))
+        candidates = self.evictable(_never_held, ())
+        try:
+            return next(candidates)
+        finally:
+            candidates.close()
+
     def evictable(
         self, is_held: Callable[[K], bool], protected: Collection[K]
     ) -> Generator[K, None, None]:
@@ -135,3 +171,7 @@ class RecencyList(Generic[K]):
             for entry in keep:
                 if self._parked.get(entry[1]) == entry[0]:
                     heapq.heappush(heap, entry)
+
+
+def _never_held(key: object) -> bool:
+    return False

@@ -44,10 +44,6 @@ GHOST_FACTOR = 4
 """Ghost keys remembered, as a multiple of the tier's capacity."""
 
 
-def _never_held(key: BlockHash) -> bool:
-    return False
-
-
 class SegmentedLRUPolicy(SegmentedPolicy):
     """Probation and protected LRU lists, with a ghost list for admission to protected."""
 
@@ -90,7 +86,10 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
-        victims: list[BlockHash] = []
+        victims = self._probation.coldest(n, is_held, protected)
+        if victims is not None:
+            return victims
+        victims = []
         for segment in (self._probation, self._protected):
             candidates = segment.evictable(is_held, protected)
             try:
@@ -114,10 +113,6 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         """Make ``key`` the most recent protected block; demote overflow to probation."""
         self._protected.add(key)
         if len(self._protected) > self._protected_cap:
-            coldest = self._protected.evictable(_never_held, ())
-            try:
-                demoted = next(coldest)
-            finally:
-                coldest.close()
+            demoted = self._protected.first()
             self._protected.remove(demoted)
             self._probation.add(demoted)
