@@ -24,6 +24,8 @@ from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import HEADER_REGION, block_file_size, block_path
 
+from .test_block_format import version_1_header
+
 FP = b"\x11" * 32
 BLOCK = 64 * 1024
 MiB = 1 << 20
@@ -197,6 +199,9 @@ def _corrupt_then_load(store: DiskStore, damage: str) -> str:
         raw[: len(header)] = header
     elif damage == "wrong length":
         length = BLOCK - 4096
+    elif damage == "version 1":  # a block written before the XXH3-64 format
+        header = version_1_header(k, FP, bytes(raw[HEADER_REGION:]))
+        raw[:HEADER_REGION] = header + bytes(HEADER_REGION - len(header))
     path.write_bytes(bytes(raw))
     out = aligned_empty(length)
     out[:] = 0xAB
@@ -218,6 +223,7 @@ def _corrupt_then_load(store: DiskStore, damage: str) -> str:
         ("wrong key", "key_mismatch"),
         ("wrong fingerprint", "fingerprint_mismatch"),
         ("wrong length", "length_mismatch"),
+        ("version 1", "wrong_version"),
     ],
 )
 def test_corruption_is_a_miss(store: DiskStore, damage: str, reason: str) -> None:

@@ -15,7 +15,7 @@ development VM, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ra
 against a handicapped reference would flatter kvtier.
 
 What the ratio holds: redis-benchmark sends the same constant bytes to one key and
-discards what it reads. kvtier also checksums every value (CRC-32), adds its ~100-byte
+discards what it reads. kvtier also checksums every value (XXH3-64), adds its ~104-byte
 header, copies the page into the value it sends, and on load verifies the value and
 copies its payload into the CPU page: the ratio is the whole cost of the design.
 
