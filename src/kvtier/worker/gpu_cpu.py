@@ -106,6 +106,7 @@ class SingleDirectionHandler(OffloadingHandler):
         """Finish queued jobs, then refuse new ones."""
         self._shut = True
         self._lane.close()
+        self._copier.close()
 
 
 class CpuGpuOffloadingHandlers:
