@@ -124,6 +124,9 @@ class OffloadingSpec:
             return cpu
         secondaries = []
         if self.has_disk:
+            # Open the store first: it checks disk_bytes_to_use against the file system
+            # before the index below is sized from it.
+            stored = self.disk_store().recovered
             disk = TierManager(
                 medium=Medium.DISK,
                 num_blocks=self.num_disk_blocks,
@@ -131,7 +134,7 @@ class OffloadingSpec:
                 policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
                 enable_events=cfg.enable_events,
             )
-            recovered = [b.key for b in self.disk_store().recovered][-self.num_disk_blocks :]
+            recovered = [b.key for b in stored][-self.num_disk_blocks :]
             slots = disk.restore(recovered)  # type: ignore[arg-type]
             self._disk_slot_keys = dict(zip(slots, recovered, strict=True))
             secondaries.append(disk)
