@@ -46,6 +46,7 @@ import torch
 from kvtier.bench.report import write_result
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import parse_bytes
+from kvtier.media import block_format
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
@@ -107,6 +108,37 @@ def evict_own_files(root: Path) -> bool:
         finally:
             os.close(fd)
     return True
+
+
+def checksum_vs_copy(sizes: list[int], repeats: int = 9) -> list[dict[str, Any]]:
+    """GB/s of the block checksum (``block_format.payload_checksum``) and of a copy of
+    the same buffer, per size: what the checksum costs next to the bytes it guards."""
+    rows = []
+    rng = np.random.default_rng(0)
+    for size in sizes:
+        src = rng.integers(0, 256, size, dtype=np.uint8)
+        dst = np.empty_like(src)
+        times: dict[str, list[float]] = {"checksum": [], "copy": []}
+        loops = max(1, (64 << 20) // size)
+        for _ in range(repeats):
+            for name, fn in (
+                ("checksum", lambda s=src: block_format.payload_checksum(s.data)),
+                ("copy", lambda s=src, d=dst: np.copyto(d, s)),
+            ):
+                t0 = time.perf_counter()
+                for _ in range(loops):
+                    fn()
+                times[name].append((time.perf_counter() - t0) / loops)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        rows.append(
+            {
+                "block_bytes": size,
+                "checksum_gbps": round(size / med["checksum"] / 1e9, 2),
+                "copy_gbps": round(size / med["copy"] / 1e9, 2),
+                "checksum_time_per_copy_time": round(med["checksum"] / med["copy"], 3),
+            }
+        )
+    return rows
 
 
 def timed_pair(
@@ -280,6 +312,7 @@ def main(args: argparse.Namespace) -> int:
         "page_cache_evicted": "own files, posix_fadvise DONTNEED" if can_drop else "no",
         "dd_source": "/dev/zero",
     }
+    config["checksum"] = checksum_vs_copy(sizes)
     path = write_result("disk", config, rows, args.out)
     worst = min(rows, key=lambda r: r["ratio_to_dd"])
     print(

@@ -46,6 +46,7 @@ import numpy as np
 import redis
 import torch
 
+from kvtier.bench.disk import checksum_vs_copy
 from kvtier.bench.report import write_result
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import parse_bytes
@@ -217,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "io_threads": args.io_threads,
         "job_blocks": args.job_blocks,
+        "checksum": checksum_vs_copy(sizes),
     }
     path = write_result("remote", config, rows, args.out)
     worst = min(rows, key=lambda r: r["ratio"])

@@ -4,9 +4,11 @@ Both copiers take a validated ``RowPlan`` and issue a few batched calls per job,
 one call per block per layer:
 
 * ``HostPageCopier`` (both sides in host memory: the CPU stand-in). Every fragment and
-  the slab are read as numpy arrays of *rows* (one ``void`` item per page or fragment,
-  ``row_items``), so a gather (``np.take``) or scatter (fancy assignment) is one
-  ``memcpy`` per row, on one core, with the GIL released.
+  the slab are also read as numpy arrays of *rows* (one ``void`` item per page or
+  fragment, ``row_items``), so a scatter (fancy assignment) or a gather into
+  contiguous rows (``np.take``) is one ``memcpy`` per row with the GIL released.
+  Gathers into strided rows (a fragment's columns) use torch's ``index_select(out=)``,
+  which writes them in place (numpy's ``take`` would go through a temporary).
 
   - Runs (the host rows of the job are long consecutive runs): per run and fragment,
     one call moves the run straight between the fragment and the slab.
@@ -140,8 +142,9 @@ class HostPageCopier:
         """Args: gpu_frags: ``(num_gpu_blocks, frag_bytes)`` uint8 views; slab_sub:
         ``(num_cpu_blocks * f, page_bytes)`` uint8 view of the slab."""
         frag_bytes = [int(f.shape[1]) for f in gpu_frags]
+        cpu_frags = slab_fragments(slab_sub, frag_bytes)
         self._gpu = [row_items(f) for f in gpu_frags]
-        self._cpu = [row_items(v) for v in slab_fragments(slab_sub, frag_bytes)]
+        self._cpu = [row_items(v) for v in cpu_frags]
         self._slab = row_items(slab_sub)
         self._page_bytes = int(slab_sub.shape[1])
         step = max(1, CHUNK_BYTES // self._page_bytes)
@@ -149,6 +152,16 @@ class HostPageCopier:
         self._stage_rows = [row_items(t) for t in self._staging]
         self._stage_cols = [
             [row_items(v) for v in slab_fragments(t, frag_bytes)] for t in self._staging
+        ]
+        # Gathers into strided rows (a fragment's columns of the slab or of a staging
+        # buffer) go through torch, which writes them in place; numpy's ``take`` would
+        # copy through a temporary.
+        stage_frags = [v for t in self._staging for v in slab_fragments(t, frag_bytes)]
+        dtype = word_dtype(*gpu_frags, *cpu_frags, *stage_frags)
+        self._gpu_words = [as_words(f, dtype) for f in gpu_frags]
+        self._cpu_words = [as_words(v, dtype) for v in cpu_frags]
+        self._stage_words = [
+            [as_words(v, dtype) for v in slab_fragments(t, frag_bytes)] for t in self._staging
         ]
         self._helper: ThreadPoolExecutor | None = None
 
@@ -170,21 +183,25 @@ class HostPageCopier:
             self._helper = None
 
     def _copy_runs(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
+        rows_t = torch.from_numpy(plan.gpu_rows)
         for start, first, length in plan.cpu_runs:
-            rows = plan.gpu_rows[start : start + length]
-            for gpu, cpu in zip(self._gpu, self._cpu, strict=True):
-                if gpu_to_cpu:
-                    np.take(gpu, rows, out=cpu[first : first + length], mode="clip")
-                else:
-                    gpu[rows] = cpu[first : first + length]
+            if gpu_to_cpu:
+                rows = rows_t[start : start + length]
+                for gpu_w, cpu_w in zip(self._gpu_words, self._cpu_words, strict=True):
+                    torch.index_select(gpu_w, 0, rows, out=cpu_w[first : first + length])
+            else:
+                rows_np = plan.gpu_rows[start : start + length]
+                for gpu, cpu in zip(self._gpu, self._cpu, strict=True):
+                    gpu[rows_np] = cpu[first : first + length]
 
     def _copy_staged(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
         g, c = plan.gpu_rows, plan.cpu_rows
+        g_t = torch.from_numpy(g)
         rows, cols = self._stage_rows, self._stage_cols
 
         def gather_frags(s: int, e: int, b: int) -> None:
-            for gpu, col in zip(self._gpu, cols[b], strict=True):
-                np.take(gpu, g[s:e], out=col[: e - s], mode="clip")
+            for gpu_w, col_w in zip(self._gpu_words, self._stage_words[b], strict=True):
+                torch.index_select(gpu_w, 0, g_t[s:e], out=col_w[: e - s])
 
         def scatter_pages(s: int, e: int, b: int) -> None:
             self._slab[c[s:e]] = rows[b][: e - s]
