@@ -125,6 +125,9 @@ class OffloadingSpec:
         )
         secondaries = []
         if self.has_disk:
+            # Open the store first: it checks disk_bytes_to_use against the file system
+            # before the index below is sized from it.
+            index = self.disk_index()
             disk = TierManager(
                 medium=Medium.DISK,
                 num_blocks=self.num_disk_blocks,
@@ -132,7 +135,7 @@ class OffloadingSpec:
                 policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
                 enable_events=cfg.enable_events,
             )
-            disk.restore(self.disk_index())
+            disk.restore(index)
             secondaries.append(disk)
         shared: dict[Medium, SharedStore] = {}
         if self.has_remote:

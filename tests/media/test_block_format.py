@@ -6,6 +6,7 @@ import struct
 import zlib
 
 import pytest
+import xxhash
 
 from kvtier.errors import IntegrityError
 from kvtier.media import block_format as bf
@@ -26,9 +27,9 @@ def reason(header: bytes, payload: bytes = PAYLOAD, key: bytes = KEY, fp: bytes 
 
 def test_round_trip() -> None:
     header = bf.encode_header(KEY, FP, PAYLOAD)
-    assert len(header) == bf.header_size(32, 32) == 100
+    assert len(header) == bf.header_size(32, 32) == 104
     got = bf.verify(header + b"\0" * 50, PAYLOAD, key=KEY, fingerprint=FP)
-    assert got == bf.BlockHeader(KEY, FP, len(PAYLOAD), zlib.crc32(PAYLOAD))
+    assert got == bf.BlockHeader(KEY, FP, len(PAYLOAD), xxhash.xxh3_64_intdigest(PAYLOAD))
     assert got.size == len(header)
 
 
@@ -37,9 +38,38 @@ def test_layout_byte_by_byte() -> None:
     key, fp = b"k" * 5, b"f" * 3
     h = bf.encode_header(key, fp, b"abc")
     assert h[:4] == b"KVTB"
-    assert struct.unpack_from("<HBBIHHQII", h, 4) == (1, 1, 0, 44, 5, 3, 3, zlib.crc32(b"abc"), 0)
+    abc = xxhash.xxh3_64_intdigest(b"abc")
+    assert struct.unpack_from("<HBBIHHQQ", h, 4) == (2, 2, 0, 48, 5, 3, 3, abc)
     assert h[32:37] == key and h[37:40] == fp
-    assert struct.unpack_from("<I", h, 40)[0] == zlib.crc32(h[:40])
+    assert struct.unpack_from("<Q", h, 40)[0] == xxhash.xxh3_64_intdigest(h[:40])
+    assert len(h) == 48
+
+
+def version_1_header(key: bytes, fp: bytes, payload: bytes) -> bytes:
+    """A header as the previous format (version 1, zlib CRC-32) wrote it, built by hand."""
+    body = (
+        struct.pack(
+            "<4sHBBIHHQII",
+            b"KVTB",
+            1,
+            1,
+            0,
+            36 + len(key) + len(fp),
+            len(key),
+            len(fp),
+            len(payload),
+            zlib.crc32(payload),
+            0,
+        )
+        + key
+        + fp
+    )
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def test_version_1_blocks_are_refused_as_wrong_version() -> None:
+    """Blocks written before the XXH3 format are misses, never misread."""
+    assert reason(version_1_header(KEY, FP, PAYLOAD)) == Corruption.WRONG_VERSION
 
 
 def test_variable_length_keys_and_limits() -> None:
@@ -69,7 +99,9 @@ def test_flipped_payload_byte() -> None:
         (24, Corruption.HEADER_CHECKSUM_MISMATCH),  # payload checksum
         (40, Corruption.HEADER_CHECKSUM_MISMATCH),  # inside the key
         (80, Corruption.HEADER_CHECKSUM_MISMATCH),  # inside the fingerprint
+        (28, Corruption.HEADER_CHECKSUM_MISMATCH),  # payload checksum, high half
         (97, Corruption.HEADER_CHECKSUM_MISMATCH),  # the header checksum itself
+        (103, Corruption.HEADER_CHECKSUM_MISMATCH),  # its last byte
         (8, Corruption.HEADER_CHECKSUM_MISMATCH),  # header length
     ],
 )
@@ -90,7 +122,7 @@ def test_every_single_bit_flip_of_the_header_is_caught() -> None:
 
 def test_truncated_header() -> None:
     header = bf.encode_header(KEY, FP, PAYLOAD)
-    for n in (0, 10, 31, 32, 99):
+    for n in (0, 10, 31, 32, 103):
         assert reason(header[:n]) == Corruption.TRUNCATED
 
 

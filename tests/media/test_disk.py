@@ -24,6 +24,8 @@ from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import HEADER_REGION, block_file_size, block_path
 
+from .test_block_format import version_1_header
+
 FP = b"\x11" * 32
 BLOCK = 64 * 1024
 MiB = 1 << 20
@@ -197,6 +199,9 @@ def _corrupt_then_load(store: DiskStore, damage: str) -> str:
         raw[: len(header)] = header
     elif damage == "wrong length":
         length = BLOCK - 4096
+    elif damage == "version 1":  # a block written before the XXH3-64 format
+        header = version_1_header(k, FP, bytes(raw[HEADER_REGION:]))
+        raw[:HEADER_REGION] = header + bytes(HEADER_REGION - len(header))
     path.write_bytes(bytes(raw))
     out = aligned_empty(length)
     out[:] = 0xAB
@@ -218,6 +223,7 @@ def _corrupt_then_load(store: DiskStore, damage: str) -> str:
         ("wrong key", "key_mismatch"),
         ("wrong fingerprint", "fingerprint_mismatch"),
         ("wrong length", "length_mismatch"),
+        ("version 1", "wrong_version"),
     ],
 )
 def test_corruption_is_a_miss(store: DiskStore, damage: str, reason: str) -> None:
@@ -383,3 +389,48 @@ def test_capacity_never_exceeded(ops: list[tuple[str, int, int]], capacity: int)
             assert on_disk == s.used_bytes <= capacity
             assert sorted(s.keys()) == sorted(model)
         s.close()
+
+
+def test_a_size_larger_than_the_file_system_fails_before_the_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 TiB: a ConfigError naming the key, raised before anything is listed or sized."""
+    s = DiskStore.open(tmp_path, FP, MiB)
+    s.write(key(1), payload(1))
+    s.close()
+    scanned: list[Path] = []
+    monkeypatch.setattr(disk_module, "scan", lambda d: scanned.append(d) or [])
+    with pytest.raises(ConfigError, match="in the whole file system") as info:
+        DiskStore.open(tmp_path, FP, 100 * 2**40)
+    assert info.value.key == "disk_bytes_to_use" and "100.0 GiB" not in str(info.value)
+    assert "102400.0 GiB" in str(info.value)
+    assert scanned == []
+    DiskStore.open(tmp_path, FP, MiB).close()  # the lock was released
+
+
+def test_spec_checks_the_disk_size_before_building_the_disk_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo of 100 TiB answers at once with the key; no slot table is sized (issue 17)."""
+    import kvtier.spec as spec_module
+    from kvtier.keys import ModelFingerprint
+
+    def recording(*args: object, **kwargs: object) -> object:
+        # Before the fix this built a 400-million-slot free list and was OOM-killed.
+        raise AssertionError(f"the disk index was sized first: {kwargs.get('num_blocks')} slots")
+
+    monkeypatch.setattr(spec_module, "TierManager", recording)
+    fingerprint = ModelFingerprint("m", "float16", "L1xH1xD8", 4)
+    geometry = spec_module.KVGeometry(
+        gpu_block_size=4, page_bytes=64 * 1024, fingerprint=fingerprint
+    )
+    config = {
+        "cpu_bytes_to_use": 8 * MiB,
+        "block_size": 4,
+        "disk_path": str(tmp_path / "cache"),
+        "disk_bytes_to_use": 100 * 2**40,
+    }
+    spec = spec_module.OffloadingSpec(config, geometry)
+    with pytest.raises(ConfigError) as info:
+        spec.get_manager()
+    assert info.value.key == "disk_bytes_to_use"

@@ -18,6 +18,7 @@ from kvtier.media import block_format
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
 
 from ..redis_server import RedisServer
+from .test_block_format import version_1_header
 
 FP = b"\x11" * 32
 BLOCK = 64 * 1024
@@ -153,6 +154,16 @@ def test_corrupted_value_is_a_deleted_miss(
     assert not outs[0].any() and np.array_equal(outs[1], payload(2))
     assert store.exists_many([key(1), key(2)]) == [False, True]  # deleted
     assert store.healthy
+
+
+def test_version_1_value_is_a_deleted_miss(store: RemoteStore, server: RedisServer) -> None:
+    """A value a previous release stored (format 1, CRC-32) is never read as a block."""
+    old = version_1_header(key(1), FP, payload(1).tobytes()) + payload(1).tobytes()
+    with server.client() as client:
+        client.set(store.redis_key(key(1)), old)
+    outcomes, outs = read_back(store, [key(1)])
+    assert outcomes == [ReadOutcome.CORRUPT] and not outs.any()
+    assert store.exists_many([key(1)]) == [False]
 
 
 def test_value_of_another_size_is_corrupt(store: RemoteStore) -> None:

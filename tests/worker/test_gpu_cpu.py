@@ -35,10 +35,23 @@ def sub_blocks(handlers: CpuGpuOffloadingHandlers) -> np.ndarray:
     return handlers.host_slab.tensor.view(-1, page).cpu().numpy().copy()
 
 
-@pytest.fixture(params=["runs", "two-pass"])
+COPY_PATHS = ["runs", "staged", "staged-1-row-chunks"]
+
+
+def force_copy_path(mp: pytest.MonkeyPatch, path: str) -> None:
+    """Make every job take one copy strategy; one-row chunks make the staged path
+    reuse each of its two staging buffers many times within one job."""
+    staged = path != "runs"
+    mp.setattr(pagecopy, "RUN_MIN_BYTES", 1 << 60 if staged else 0)
+    mp.setattr(pagecopy, "MAX_DIRECT_RUNS", 0 if staged else 1 << 60)
+    if path == "staged-1-row-chunks":
+        mp.setattr(pagecopy, "CHUNK_BYTES", 1)
+
+
+@pytest.fixture(params=COPY_PATHS)
 def copy_path(request, monkeypatch) -> str:
-    """Run each case through both host copy strategies."""
-    monkeypatch.setattr(pagecopy, "RUN_MIN_BYTES", 0 if request.param == "runs" else 1 << 60)
+    """Run each case through every copy strategy."""
+    force_copy_path(monkeypatch, request.param)
     return request.param
 
 
@@ -211,10 +224,17 @@ def test_slab_is_exact_and_unpinned_without_cuda() -> None:
     h.shutdown()
 
 
+@pytest.mark.parametrize("path", COPY_PATHS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), factor=st.sampled_from([1, 2, 4]), layout=st.sampled_from(LAYOUTS))
-def test_random_job_sequences_match_a_byte_model(data, factor, layout) -> None:
+def test_random_job_sequences_match_a_byte_model(path, data, factor, layout) -> None:
     """Any sequence of valid stores and loads leaves exactly the bytes a dict model predicts."""
+    with pytest.MonkeyPatch.context() as mp:
+        force_copy_path(mp, path)
+        _random_job_sequence(data, factor, layout)
+
+
+def _random_job_sequence(data, factor, layout) -> None:
     kv = make_kv(layout, torch.float16, NUM_GPU_BLOCKS, seed=factor)
     h = CpuGpuOffloadingHandlers(
         kv, GPU_BLOCK_SIZE, GPU_BLOCK_SIZE * factor, NUM_CPU_BLOCKS, layout

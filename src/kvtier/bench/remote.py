@@ -15,7 +15,7 @@ development VM, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ra
 against a handicapped reference would flatter kvtier.
 
 What the ratio holds: redis-benchmark sends the same constant bytes to one key and
-discards what it reads. kvtier also checksums every value (CRC-32), adds its ~100-byte
+discards what it reads. kvtier also checksums every value (XXH3-64), adds its ~104-byte
 header, copies the page into the value it sends, and on load verifies the value and
 copies its payload into the CPU page: the ratio is the whole cost of the design.
 
@@ -46,6 +46,7 @@ import numpy as np
 import redis
 import torch
 
+from kvtier.bench.disk import checksum_vs_copy
 from kvtier.bench.report import write_result
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import parse_bytes
@@ -217,6 +218,7 @@ def main(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "io_threads": args.io_threads,
         "job_blocks": args.job_blocks,
+        "checksum": checksum_vs_copy(sizes),
     }
     path = write_result("remote", config, rows, args.out)
     worst = min(rows, key=lambda r: r["ratio"])

@@ -28,6 +28,7 @@ from kvtier.errors import ConfigError, IntegrityError, TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike, Corruption
 from kvtier.media.direct_io import (
+    ALIGNMENT,
     O_DIRECT,
     aligned_empty,
     is_aligned,
@@ -54,6 +55,32 @@ def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         return buf.reshape(-1).view(np.uint8)
     return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+
+
+def check_free_space(path: str | os.PathLike[str], capacity_bytes: int, held: int | None) -> None:
+    """Raise ``ConfigError('disk_bytes_to_use')`` if ``capacity_bytes`` cannot fit at ``path``.
+
+    Costs one ``statvfs`` and allocates nothing, so a caller can run it before it
+    sizes anything from ``capacity_bytes``. ``held``: bytes this cache already holds
+    there (they count as available), or ``None`` before they are known: then the
+    check is against the whole file system's size, which no cache can exceed.
+
+    Raises:
+        ConfigError: naming ``disk_bytes_to_use``, with what is available.
+    """
+    vfs = os.statvfs(path)
+    if held is None:
+        available, where = vfs.f_blocks * vfs.f_frsize, " in the whole file system"
+    else:
+        available = vfs.f_bavail * vfs.f_frsize + held
+        where = f" (free space plus the {held} this cache holds)"
+    if capacity_bytes > available:
+        raise ConfigError(
+            "disk_bytes_to_use",
+            f"{capacity_bytes} bytes ({capacity_bytes / 2**30:.1f} GiB) asked but {path} has "
+            f"{available} ({available / 2**30:.1f} GiB) available{where}; "
+            "lower it or free space",
+        )
 
 
 class DiskStore:
@@ -153,15 +180,9 @@ class DiskStore:
         use_direct = has_direct if direct_io is None else direct_io
         store = cls(directory, fingerprint, capacity_bytes, fsync, use_direct, lock_fd)
         try:
+            check_free_space(path, capacity_bytes, held=None)  # before the scan
             store._recover()
-            vfs = os.statvfs(directory)
-            available = vfs.f_bavail * vfs.f_frsize + store._used
-            if capacity_bytes > available:
-                raise ConfigError(
-                    "disk_bytes_to_use",
-                    f"{capacity_bytes} bytes asked but {path} has {available} available "
-                    f"(free space plus this cache's {store._used}); lower it or free space",
-                )
+            check_free_space(path, capacity_bytes, held=store._used)
         except BaseException:
             store.close()
             raise
@@ -289,16 +310,14 @@ class DiskStore:
             raise TransferError(f"disk read of block {name[:16]} failed: {e}") from e
         try:
             expected = block_file_size(dest.nbytes)
-            file_size = os.fstat(fd).st_size
-            if file_size != expected:
+            region, tail = self._region(), self._tail()
+            got = pread_all(fd, [region, dest, tail], 0)  # the tail sees a longer file
+            if got != expected:
                 raise block_format.corruption(
-                    Corruption.TRUNCATED if file_size < expected else Corruption.LENGTH_MISMATCH,
-                    f"file has {file_size} bytes, a {dest.nbytes}-byte block has {expected}",
+                    Corruption.TRUNCATED if got < expected else Corruption.LENGTH_MISMATCH,
+                    f"file has {'only ' if got < expected else 'over '}{got} bytes, "
+                    f"a {dest.nbytes}-byte block has {expected}",
                 )
-            region = self._region()
-            got = pread_all(fd, [region, dest], 0)
-            if got < expected:
-                raise block_format.corruption(Corruption.TRUNCATED, f"read {got} of {expected}")
             block_format.verify(region.data, dest.data, key=key, fingerprint=self.fingerprint)
             now = time.time_ns()
             os.utime(fd, ns=(now, now))  # last use, for the LRU order at the next open
@@ -346,6 +365,12 @@ class DiskStore:
         if region is None:
             region = self._local.region = aligned_empty(HEADER_REGION)
         return region
+
+    def _tail(self) -> np.ndarray:
+        tail = getattr(self._local, "tail", None)
+        if tail is None:
+            tail = self._local.tail = aligned_empty(ALIGNMENT)
+        return tail
 
     def _header_region(self, header: bytes) -> np.ndarray:
         region = self._region()

@@ -106,6 +106,9 @@ class SingleDirectionHandler(OffloadingHandler):
         """Finish queued jobs, then refuse new ones."""
         self._shut = True
         self._lane.close()
+        close = getattr(self._copier, "close", None)  # test doubles may have no close
+        if close is not None:
+            close()
 
 
 class CpuGpuOffloadingHandlers:

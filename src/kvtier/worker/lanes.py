@@ -4,7 +4,9 @@ A lane takes *enqueue functions* and reports each job once, in submission order.
 
 * ``CudaLane`` (a GPU is present): the function runs in the caller's thread but only
   *enqueues* copies on a dedicated CUDA stream; events around it say when the job is
-  done and how long it took. With ``wait_for_compute`` the copy stream first waits on
+  done and how long it took. A function may return a ``pagecopy.Deferred``: its
+  ``finish`` (host-side work on the copied bytes) runs in ``poll`` once the end event
+  has fired, before the job is reported. With ``wait_for_compute`` the copy stream first waits on
   an event recorded on the caller's current stream, so a store never copies a block
   before the forward pass that writes it has finished.
 * ``ThreadLane`` (CPU tensors stand in for GPU memory): one worker thread runs the
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from kvtier.worker.handler import TransferResult
+from kvtier.worker.pagecopy import Deferred
 
 EnqueueFn = Callable[[], tuple[int, Any]]
 """Runs (or enqueues) one job's copies; returns ``(bytes moved, objects to keep alive
@@ -155,6 +158,8 @@ class CudaLane:
                     if not job.end.query():
                         break
                     seconds = job.start.elapsed_time(job.end) / 1e3
+                    if isinstance(job.keep_alive, Deferred):
+                        job.keep_alive.finish()  # host side of the job (pagecopy)
                 except Exception as exc:  # an asynchronous CUDA error surfaces here
                     job.error, job.end = _describe(exc), None
             self._jobs.popleft()

@@ -1,0 +1,108 @@
+"""Old and new host page copier side by side in one run (CPU stand-in of GPU<->CPU).
+
+Run from the repository root: ``PYTHONPATH=src python benchmarks/hostcopy_ab.py
+[repeats] [out.json]``. "old" is ``HostPageCopier`` as of commit c996f9d (torch
+``index_select``/``index_copy_``, two-pass chunks for scattered rows), loaded from git;
+"new" is the working tree's. Each value is a plain torch ``copy_`` of the job's bytes
+divided by the copier's time for the job (higher is better), median of ``repeats``
+round-robin passes; 2 layers (4 fragments), GPU ids random.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from kvtier.bench.report import git_commit, machine_info
+from kvtier.worker import pagecopy as new
+from kvtier.worker.blockmap import RowPlan, consecutive_runs
+
+OLD_COMMIT = "c996f9d"
+
+
+def old_module() -> object:
+    src = subprocess.run(
+        ["git", "show", f"{OLD_COMMIT}:src/kvtier/worker/pagecopy.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    spec = importlib.util.spec_from_loader("old_pagecopy", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(src, "old_pagecopy", "exec"), module.__dict__)
+    return module
+
+
+def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dict[str, object]:
+    layers, gen = 2, torch.Generator().manual_seed(0)
+    size = page * 2 * layers
+    frags = [
+        torch.randint(0, 256, (2 * blocks, page), dtype=torch.uint8, generator=gen)
+        for _ in range(2 * layers)
+    ]
+    slab = torch.ones((2 * blocks, size), dtype=torch.uint8)
+    gpu = torch.randperm(2 * blocks, generator=gen)[:blocks].numpy().astype(np.int64)
+    cpu = torch.randperm(2 * blocks, generator=gen)[:blocks].numpy().astype(np.int64)
+    if ids == "contiguous":
+        cpu = np.arange(blocks, dtype=np.int64)
+    plan = RowPlan(gpu, cpu, consecutive_runs(cpu))
+    a = old.HostPageCopier(frags, slab)  # type: ignore[attr-defined]
+    b = new.HostPageCopier(frags, slab)
+    src = torch.ones(blocks * size, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    fns: dict[str, Callable[[], object]] = {
+        "plain": lambda: dst.copy_(src),
+        "old_g2c": lambda: a.copy(plan, True),
+        "new_g2c": lambda: b.copy(plan, True),
+        "old_c2g": lambda: a.copy(plan, False),
+        "new_c2g": lambda: b.copy(plan, False),
+    }
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    b.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = {k: round(med["plain"] / v, 3) for k, v in med.items() if k != "plain"}
+    plain = round(blocks * size / med["plain"] / 1e9, 2)
+    return {"page_bytes": page, "blocks": blocks, "ids": ids, "plain_gbps": plain, **ratios}
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    out = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/hostcopy-ab.json"
+    old = old_module()
+    rows = []
+    for page in (8192, 16384, 65536):
+        for blocks in (256, 4096):
+            if blocks * page * 4 > (128 << 20):
+                continue
+            for ids in ("random", "contiguous"):
+                rows.append(one_case(old, page, blocks, ids, repeats))
+                print(rows[-1], flush=True)
+    result = {
+        "benchmark": "hostcopy_ab",
+        "machine": machine_info(),
+        "commit": git_commit(),
+        "config": {"old_commit": OLD_COMMIT, "layers": 2, "repeats": repeats},
+        "rows": rows,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
