@@ -33,7 +33,7 @@ import torch
 
 from kvtier.blocks import BlockHash, Medium
 from kvtier.jobs import TransferJob, TransferResult
-from kvtier.specs import GPULoadStoreSpec, KeyedBlocksSpec
+from kvtier.load_store_specs import GPULoadStoreSpec, KeyedBlocksSpec
 
 Digests = tuple[bytes | None, ...]  # one per GPU page of an offloaded block; None: unknown
 

@@ -412,7 +412,7 @@ def test_spec_checks_the_disk_size_before_building_the_disk_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A typo of 100 TiB answers at once with the key; no slot table is sized (issue 17)."""
-    import kvtier.spec as spec_module
+    import kvtier.offloading_spec as spec_module
     from kvtier.keys import ModelFingerprint
 
     def recording(*args: object, **kwargs: object) -> object:
