@@ -23,6 +23,7 @@ from kvtier.blocks import Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint, root_key
+from kvtier.machine import check_disk, check_memory
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.tiering import TieredManager
 
@@ -94,6 +95,15 @@ class OffloadingSpec:
                     "disk_bytes_to_use",
                     f"holds no block file of {block_file_size(self.bytes_per_block)} bytes",
                 )
+        # Before anything is allocated: sizes this machine cannot give end here.
+        check_memory("cpu_bytes_to_use", self.host_bytes)
+        if cfg.disk_path is not None:
+            from kvtier.media.disk_layout import fingerprint_dir
+
+            assert cfg.disk_bytes_to_use is not None
+            path = Path(cfg.disk_path)
+            tier_dir = fingerprint_dir(path, self.storage_fingerprint)
+            check_disk("disk_bytes_to_use", path, cfg.disk_bytes_to_use, tier_dir)
         self._disk: DiskStore | None = None
         self._remote: RemoteStore | None = None
         self._disk_slot_keys: dict[int, bytes] = {}

@@ -29,6 +29,7 @@ from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
 from kvtier.scheduler.policies import EvictionPolicy, make_policy
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
+from kvtier.scheduler.slots import FreeSlots
 from kvtier.specs import SPEC_BY_MEDIUM, BlockIdsSpec
 
 
@@ -88,7 +89,7 @@ class TierManager:
         self.store_threshold = store_threshold
         self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
         self._blocks: dict[BlockHash, _Block] = {}
-        self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
+        self._free = FreeSlots(num_blocks)  # memory grows with what the tier holds
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
         self._seen_cap = 4 * num_blocks
@@ -232,9 +233,7 @@ class TierManager:
                 return None
             self._evict(victims)
             evicted = victims
-        free = self._free
-        slots = free[len(free) - len(to_store) :]
-        del free[len(free) - len(to_store) :]
+        slots = self._free.take(len(to_store))
         storing = BlockState.STORING
         for key, slot in zip(to_store, slots, strict=True):
             blocks[key] = _Block(slot, storing)
