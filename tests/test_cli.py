@@ -204,4 +204,4 @@ def test_bench_options_have_help_and_defaults(
         if action.option_strings and action.dest != "help":
             assert action.help, f"{bench} {action.option_strings} has no help"
     out = capsys.readouterr().out
-    assert "(default: 5)" in out or bench == "manager" and "(default: 200000)" in out
+    assert "(default: 5)" in out

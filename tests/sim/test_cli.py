@@ -67,12 +67,17 @@ def test_generated_and_byte_capacity(
     [
         (["--capacity", "lots"], "cannot read capacity"),
         (["--capacity", "1GiB"], "--kv-bytes-per-token"),
-        (["--policy", "nope"], "unknown policy"),
         (["--block-size", "256"], "line 1:"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(
-    trace_file: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    trace_file: Path,
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     assert main(["simulate", "--trace", str(trace_file), *extra]) == 2
     assert message in capsys.readouterr().err
