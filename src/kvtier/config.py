@@ -52,7 +52,7 @@ from typing import Any
 from kvtier.errors import ConfigError
 from kvtier.keys import HASH_ALGORITHMS
 from kvtier.scheduler.policies import POLICIES
-from kvtier.sizes import parse_bytes
+from kvtier.sizes import format_bytes, parse_bytes
 
 __all__ = [
     "STORE_POLICIES",
@@ -242,7 +242,7 @@ class OffloadingConfig:
         if n < 1:
             raise ConfigError(
                 "cpu_bytes_to_use",
-                f"{self.cpu_bytes_to_use} bytes hold no block of {bytes_per_block} bytes; "
-                f"give at least {bytes_per_block}",
+                f"{format_bytes(self.cpu_bytes_to_use)} holds no block of "
+                f"{format_bytes(bytes_per_block)}; give at least {bytes_per_block} bytes",
             )
         return n
