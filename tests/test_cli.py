@@ -93,6 +93,7 @@ CASES: list[Case] = [
     ("simulate-policy", lambda t: ["simulate", "--policy", "nope"], "invalid choice: 'nope'"),
     ("simulate-kv-bytes", lambda t: ["simulate", "--kv-bytes-per-token", "x"], "expected a byte"),
     ("unknown-command", lambda t: ["simulat"], "invalid choice: 'simulat'"),
+    ("bench-alone", lambda t: ["bench"], "name one of manager, transfer, disk, remote"),
 ]
 CUDA_CASES: list[Case] = [
     ("run-device-cuda", lambda t: ["run", "--device", "cuda"], "CUDA is not available"),

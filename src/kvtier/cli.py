@@ -119,8 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     run = getattr(args, "_main", None)
     if run is None:
-        parser.print_help()
-        return 2
+        group = COMMANDS.get(args.command or "")
+        if not isinstance(group, dict):
+            parser.print_help()
+            return 2
+        return _fail(f"kvtier {args.command}", f"error: name one of {', '.join(group)}", 2)
     prog = " ".join(["kvtier", args.command, *([args.subcommand] if "subcommand" in args else [])])
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
