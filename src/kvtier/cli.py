@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from types import FrameType
 
@@ -72,8 +74,15 @@ class Terminated(BaseException):
     """SIGTERM arrived: unwinds like Ctrl-C, so ``finally`` blocks clean up."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    """Unwind once: later Ctrl-C or SIGTERM are ignored while ``finally`` blocks clean up
+    (and can no longer raise after the error line, which would end in a traceback)."""
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _add_command(
@@ -125,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         return _fail(f"kvtier {args.command}", f"error: name one of {', '.join(group)}", 2)
     prog = " ".join(["kvtier", args.command, *([args.subcommand] if "subcommand" in args else [])])
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS} if in_main_thread else {}
     try:
         return int(run(args))
     except KvtierError as e:
@@ -137,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated:
         return _fail(prog, "terminated", 143)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous and signal.getsignal(signal.SIGINT) is _on_signal:  # not stopped
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
 
 def _fail(prog: str, message: str, status: int) -> int:
@@ -146,5 +158,21 @@ def _fail(prog: str, message: str, status: int) -> int:
     return status
 
 
+def console() -> None:
+    """The ``kvtier`` console script (and ``python -m kvtier``): exit with ``main``'s status.
+
+    After Ctrl-C or SIGTERM (whose ``finally`` blocks have run) the interpreter is left
+    without finalizing it: CPython turns a Ctrl-C that passed through some C extension
+    code (pybind11's eval, in torch) into death by SIGINT at exit even when it was
+    handled, and joins threads a stopped run may have left -- the status would vary.
+    """
+    status = main()
+    if status in (130, 143):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

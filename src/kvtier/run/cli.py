@@ -18,6 +18,7 @@ import argparse
 import math
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -241,9 +242,14 @@ def main(args: argparse.Namespace) -> int:
         )
     temp_dir = None
     disk_path = args.disk_path
-    if disk_path is None and with_disk:
-        temp_dir = disk_path = Path(tempfile.mkdtemp(prefix="kvtier-run-"))
     try:
+        if disk_path is None and with_disk:
+            # Ctrl-C and SIGTERM wait until temp_dir is set, so that finally removes it.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                temp_dir = disk_path = Path(tempfile.mkdtemp(prefix="kvtier-run-"))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         configs = build_configurations(
             names,
             kv_bytes,
