@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if needed) and install kvtier with everything its jobs and tests use.
-# Idempotent: a second run only checks. torch is pinned to a CPU-friendly build here;
+# Idempotent: a second run only checks. Afterwards `. .venv/bin/activate` puts the
+# `kvtier` command on PATH. torch is pinned to a CPU-friendly build here;
 # the package itself accepts any torch>=2.4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +13,11 @@ if ! command -v redis-server >/dev/null 2>&1; then
     # Debian starts a system-wide server on 6379; the tests start their own on free ports.
     (service redis-server stop || systemctl stop redis-server) >/dev/null 2>&1 || true
   else
-    echo "setup: redis-server is missing; install Debian's redis-server package" \
-         "(or set KVTIER_SKIP_REDIS=1 to skip the remote tier's tests)" >&2
+    # Not root (or no apt): nothing is installed system-wide. kvtier itself needs no
+    # redis-server; only the remote tier's tests (and `kvtier bench remote`) start one.
+    echo "setup: redis-server is not on PATH and setup installs system packages only as" \
+         "root. Install it (sudo apt-get install -y redis-server, or any redis-server on" \
+         "PATH), or run the tests with KVTIER_SKIP_REDIS=1 to skip the remote tier's tests." >&2
   fi
 fi
 if [ ! -x .venv/bin/python ]; then

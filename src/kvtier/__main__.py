@@ -1,7 +1,5 @@
 """``python -m kvtier`` is the ``kvtier`` command."""
 
-import sys
+from kvtier.cli import console
 
-from kvtier.cli import main
-
-sys.exit(main())
+console()

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -53,49 +52,36 @@ from typing import Any
 from kvtier.errors import ConfigError
 from kvtier.keys import HASH_ALGORITHMS
 from kvtier.scheduler.policies import POLICIES
+from kvtier.sizes import format_bytes, parse_bytes
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
+__all__ = [
+    "STORE_POLICIES",
+    "OffloadingConfig",
+    "non_negative_int",
+    "parse_bytes",
+    "positive_int",
+]
+
 STORE_POLICIES = ("eager", "on_evict", "reuse")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_bytes(key: str, value: object) -> int:
-    """A byte count from an int or a string such as ``"8GiB"`` or ``"512 MB"``.
+def positive_int(key: str, value: object) -> int:
+    """``value`` if it is an int > 0 (not a bool).
 
     Raises:
-        ConfigError: naming ``key``, when the value is not a positive size.
+        ConfigError: naming ``key`` otherwise.
     """
-    if isinstance(value, bool):
-        raise ConfigError(key, f"expected a byte size such as 8589934592 or '8GiB', got {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and (m := _SIZE.match(value)) and m[2].lower() in _UNITS:
-        n = int(float(m[1]) * _UNITS[m[2].lower()])
-    else:
-        raise ConfigError(key, f"expected a byte size such as 8589934592 or '8GiB', got {value!r}")
-    if n <= 0:
-        raise ConfigError(key, f"must be more than 0 bytes, got {value!r}")
-    return n
-
-
-def _positive_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(key, f"must be a positive integer, got {value!r}")
     return value
 
 
-def _non_negative_int(key: str, value: object) -> int:
+def non_negative_int(key: str, value: object) -> int:
+    """``value`` if it is an int >= 0 (not a bool).
+
+    Raises:
+        ConfigError: naming ``key`` otherwise.
+    """
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(key, f"must be an integer >= 0, got {value!r}")
     return value
@@ -134,7 +120,7 @@ def _disk_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
         "disk_eviction_policy": _choice(
             "disk_eviction_policy", raw.get("disk_eviction_policy", "lru"), sorted(POLICIES)
         ),
-        "disk_io_threads": _positive_int("disk_io_threads", raw.get("disk_io_threads", 4)),
+        "disk_io_threads": positive_int("disk_io_threads", raw.get("disk_io_threads", 4)),
         "disk_fsync": _bool("disk_fsync", raw.get("disk_fsync", False)),
         "disk_direct_io": None if direct == "auto" else direct,
     }
@@ -170,10 +156,10 @@ def _remote_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
         "remote_password_env": _optional_str(
             "remote_password_env", raw.get("remote_password_env", "KVTIER_REDIS_PASSWORD")
         ),
-        "remote_io_threads": _positive_int("remote_io_threads", raw.get("remote_io_threads", 2)),
+        "remote_io_threads": positive_int("remote_io_threads", raw.get("remote_io_threads", 2)),
         "remote_ttl_s": _seconds("remote_ttl_s", raw.get("remote_ttl_s"), optional=True),
         "remote_tls_ca_file": _optional_str("remote_tls_ca_file", raw.get("remote_tls_ca_file")),
-        "remote_index_blocks": _positive_int(
+        "remote_index_blocks": positive_int(
             "remote_index_blocks", raw.get("remote_index_blocks", 1_000_000)
         ),
         "remote_backoff_s": _seconds("remote_backoff_s", raw.get("remote_backoff_s", 0.5)),
@@ -235,13 +221,13 @@ class OffloadingConfig:
 
         return cls(
             cpu_bytes_to_use=parse_bytes("cpu_bytes_to_use", raw["cpu_bytes_to_use"]),
-            block_size=_positive_int("block_size", get("block_size")),
+            block_size=positive_int("block_size", get("block_size")),
             eviction_policy=_choice("eviction_policy", get("eviction_policy"), sorted(POLICIES)),
-            store_threshold=_non_negative_int("store_threshold", get("store_threshold")),
+            store_threshold=non_negative_int("store_threshold", get("store_threshold")),
             enable_events=_bool("enable_events", get("enable_events")),
             hash_algorithm=_choice("hash_algorithm", get("hash_algorithm"), list(HASH_ALGORITHMS)),
             store_policy=_choice("store_policy", get("store_policy"), list(STORE_POLICIES)),
-            max_pending_writes=_positive_int("max_pending_writes", get("max_pending_writes")),
+            max_pending_writes=positive_int("max_pending_writes", get("max_pending_writes")),
             **_disk_keys(raw),
             **_remote_keys(raw),
         )
@@ -256,7 +242,7 @@ class OffloadingConfig:
         if n < 1:
             raise ConfigError(
                 "cpu_bytes_to_use",
-                f"{self.cpu_bytes_to_use} bytes hold no block of {bytes_per_block} bytes; "
-                f"give at least {bytes_per_block}",
+                f"{format_bytes(self.cpu_bytes_to_use)} holds no block of "
+                f"{format_bytes(bytes_per_block)}; give at least {bytes_per_block} bytes",
             )
         return n

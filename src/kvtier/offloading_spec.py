@@ -25,6 +25,7 @@ from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint, root_key
+from kvtier.machine import check_disk, check_memory
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.tiering import SharedStore, TieredManager
 
@@ -85,6 +86,14 @@ class OffloadingSpec:
         self.host_bytes = self.num_cpu_blocks * self.bytes_per_block
         stored_fp = dataclasses.replace(geometry.fingerprint, block_size=cfg.block_size)
         self.storage_fingerprint = bytes(root_key(stored_fp, cfg.hash_algorithm))
+        # Before anything is allocated or imported: sizes this machine cannot give end
+        # here (what disk_path already holds counts as available; DiskStore.open then
+        # checks exactly, for this model's blocks).
+        check_memory("cpu_bytes_to_use", self.host_bytes)
+        if cfg.disk_path is not None:
+            assert cfg.disk_bytes_to_use is not None
+            path = Path(cfg.disk_path)
+            check_disk("disk_bytes_to_use", path, cfg.disk_bytes_to_use, tier_dir=path)
         self.num_disk_blocks = 0
         if cfg.disk_path is not None:
             from kvtier.media.disk_layout import block_file_size

@@ -14,7 +14,7 @@ def test_bench_remote_writes_its_json(tmp_path: Path) -> None:
     require_redis()
     out = tmp_path / "remote.json"
     args = ["bench", "remote", "--sizes", "64KiB", "--total", "1MiB", "--repeats", "1"]
-    assert main([*args, "--job-blocks", "4", "--io-threads", "2", "--out", str(out)]) == 0
+    assert main([*args, "--job-blocks", "4", "--io-threads", "2", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "remote"
     assert [(r["op"], r["value_bytes"]) for r in doc["results"]] == [

@@ -41,9 +41,11 @@ def test_rejects_odd_page_size() -> None:
 
 
 def test_cli_writes_json(tmp_path, capsys) -> None:
-    argv = ["bench", "transfer", "--pages", "8K", "--blocks", "2", "--layers", "1"]
-    argv += ["--repeats", "1", "--ids", "random", "--device", "cpu", "--out", str(tmp_path)]
+    out = tmp_path / "t.json"
+    argv = ["bench", "transfer", "--pages", "8KiB", "--blocks", "2", "--layers", "1"]
+    argv += ["--repeats", "1", "--ids", "random", "--device", "cpu", "--json", str(out)]
     assert main(argv) == 0
-    (path,) = tmp_path.glob("transfer-*.json")
-    assert json.loads(path.read_text())["config"]["blocks"] == [2]
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "transfer" and doc["config"]["blocks"] == [2]
+    assert [c["page_bytes"] for c in doc["results"]["cases"]] == [8192]
     assert "ratio to plain copy" in capsys.readouterr().out.splitlines()[-1]

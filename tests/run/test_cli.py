@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,8 @@ def test_writes_json_and_png_with_the_expected_keys(
     png = (tmp_path / "out.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == "kvtier run: loading torch and the model ..."
+    assert re.search(r"config cpu: cpu_bytes_to_use=\d+\.\d [KM]iB, block_size=4,", printed)
     assert "none: late-turn TTFT median" in printed
     assert "too small to keep the conversations" in printed
 
@@ -91,9 +94,7 @@ def test_a_mismatch_is_loud_and_exits_1(
         (["--answer-tokens", "many"], "--answer-tokens"),
         (["--configs", "none,gpu"], "--configs"),
         (["--turns", "0"], "--turns"),
-        (["--threads", "0"], "--threads"),
         (["--late-turn", "9"], "--late-turn"),
-        (["--cpu-bytes", "lots"], "--cpu-bytes"),
         (["--gpu-blocks", "3"], "--gpu-blocks"),
     ],
 )

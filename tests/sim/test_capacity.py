@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kvtier.errors import ConfigError
-from kvtier.sim.capacity import CapacityKind, parse_capacities, parse_capacity, parse_size
+from kvtier.sim.capacity import CapacityKind, parse_capacities, parse_capacity
+from kvtier.sizes import parse_bytes
 
 
 def _blocks(text: str, kv: int | None = None) -> int:
@@ -37,7 +38,7 @@ def test_lists_and_sizes() -> None:
     assert [c.text for c in parse_capacities("1%, 5%,100")] == ["1%", "5%", "100"]
     with pytest.raises(ConfigError, match="--sweep"):
         parse_capacities(" , ")
-    assert parse_size("160KiB", "k") == 163840
-    assert parse_size("163840", "k") == 163840
+    assert parse_bytes("k", "160KiB") == 163840
+    assert parse_bytes("k", "163840") == 163840
     with pytest.raises(ConfigError):
-        parse_size("0", "k")
+        parse_bytes("k", "0")

@@ -26,11 +26,13 @@ def test_single_run_json(
     argv = ["simulate", "--trace", str(trace_file), "--capacity", "10%", "--json", str(out)]
     assert main(argv) == 0
     doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "simulate" and doc["config"]["capacities"] == ["10%"]
+    doc = doc["results"]
     for key in ("block_hit_ratio", "token_hit_ratio", "request_hit_ratio_mean"):
         assert 0.0 <= doc[key] <= 1.0
     assert doc["block_hit_ratio"] <= doc["belady_block_hit_ratio"] + 1e-12
     assert doc["tiers"][0]["medium"] == "CPU"
-    assert doc["policy"] == "lru" and doc["config"]["capacities"] == ["10%"]
+    assert doc["policy"] == "lru"
     text = capsys.readouterr().out
     assert "block hits" in text and "request mean" in text and "belady" in text
 
@@ -41,17 +43,23 @@ def test_sweep_writes_png_and_json(trace_file: Path, tmp_path: Path) -> None:
             "--policy", "slru", "--plot", str(png), "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    points = json.loads(out.read_text())["points"]
+    points = json.loads(out.read_text())["results"]["points"]
     assert [p["capacity"] for p in points] == ["5%", "50%"]
     assert [r["policy"] for r in points[0]["runs"]] == ["lru", "slru"]
     assert "belady_block_hit_ratio" in points[1]
 
 
-def test_generated_and_byte_capacity(capsys: pytest.CaptureFixture[str]) -> None:
+def test_generated_and_byte_capacity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the results go to ./kvtier-results/
     argv = ["simulate", "--generate", "2", "--capacity", "64MiB", "--kv-bytes-per-token",
             "16KiB", "--no-belady", "--policy", "arc"]  # fmt: skip
     assert main(argv) == 0
-    assert "= 8 blocks" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "= 8 blocks" in printed
+    (written,) = (tmp_path / "kvtier-results").glob("simulate-*.json")
+    assert f"wrote {Path('kvtier-results') / written.name}" in printed
 
 
 @pytest.mark.parametrize(
@@ -59,13 +67,18 @@ def test_generated_and_byte_capacity(capsys: pytest.CaptureFixture[str]) -> None
     [
         (["--capacity", "lots"], "cannot read capacity"),
         (["--capacity", "1GiB"], "--kv-bytes-per-token"),
-        (["--policy", "nope"], "unknown policy"),
         (["--block-size", "256"], "line 1:"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(
-    trace_file: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+    trace_file: Path,
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     assert main(["simulate", "--trace", str(trace_file), *extra]) == 2
     assert message in capsys.readouterr().err
 

@@ -43,14 +43,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvtier.bench.report import write_result
+from kvtier import options
 from kvtier.blocks import BlockHash, BlockId
-from kvtier.config import parse_bytes
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
+from kvtier.machine import check_disk
 from kvtier.media import block_format
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
+from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler
 
@@ -64,20 +65,34 @@ LOAD_AFTER = {"direct": "direct", "buffered+sync": "buffered"}  # loads read tho
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``kvtier bench disk`` (each checked before anything is measured)."""
     parser.add_argument(
         "--dir",
         type=Path,
         default=None,
-        help="directory to test (default: a temporary directory under the current one)",
+        help="existing writable directory to test (default: the current directory); "
+        "the benchmark works in a temporary directory inside it and removes it",
     )
-    parser.add_argument("--sizes", default="256KiB,1MiB,4MiB", help="block sizes, comma separated")
     parser.add_argument(
-        "--total", default="64MiB", help="bytes moved per pass (bounds the disk space used)"
+        "--sizes",
+        type=options.size_list,
+        default="256KiB,1MiB,4MiB",
+        help="block sizes, comma separated",
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per measurement")
-    parser.add_argument("--io-threads", type=int, default=4, help="blocks in flight per direction")
-    parser.add_argument("--job-blocks", type=int, default=16, help="blocks per job")
-    parser.add_argument("--out", type=Path, default=None, help="result JSON path")
+    parser.add_argument(
+        "--total",
+        type=options.size,
+        default="64MiB",
+        help="bytes moved per pass (bounds the disk space used)",
+    )
+    parser.add_argument(
+        "--repeats", type=options.positive, default=5, help="timed passes per measurement"
+    )
+    parser.add_argument(
+        "--io-threads", type=options.positive, default=4, help="blocks in flight per direction"
+    )
+    parser.add_argument("--job-blocks", type=options.positive, default=16, help="blocks per job")
+    add_json_option(parser, "disk")
     parser.epilog = (
         "Cold loads: before each, the benchmark evicts only its own files from the page "
         "cache (posix_fadvise DONTNEED on each file it wrote); it never drops the "
@@ -283,9 +298,17 @@ def _row(
 
 
 def main(args: argparse.Namespace) -> int:
-    sizes = [parse_bytes("--sizes", s.strip()) for s in args.sizes.split(",")]
-    total = parse_bytes("--total", args.total)
-    root = Path(tempfile.mkdtemp(prefix=".kvtier-bench-disk-", dir=args.dir or Path.cwd()))
+    """Measure, print a table and one summary line, write the JSON.
+
+    Raises:
+        ConfigError: a bad option (named), found before anything is measured.
+    """
+    sizes, total = args.sizes, args.total
+    where = options.writable_directory("--dir", args.dir or Path.cwd(), create=False)
+    # kvtier's files (up to twice the bytes of a pass) and dd's file, at once.
+    check_disk("--total", where, 3 * total + max(sizes))
+    out = check_output("--json", args.json or default_path("disk"))
+    root = Path(tempfile.mkdtemp(prefix=".kvtier-bench-disk-", dir=where))
     can_drop = evict_own_files(root)
     try:
         rows = [
@@ -313,7 +336,7 @@ def main(args: argparse.Namespace) -> int:
         "dd_source": "/dev/zero",
     }
     config["checksum"] = checksum_vs_copy(sizes)
-    path = write_result("disk", config, rows, args.out)
+    path = write_result("disk", config, rows, out)
     worst = min(rows, key=lambda r: r["ratio_to_dd"])
     print(
         f"disk: worst ratio to dd {worst['ratio_to_dd']:.2f} ({worst['op']} {worst['mode']} "

@@ -21,8 +21,11 @@ import itertools
 import time
 from typing import Any
 
-from kvtier.bench.report import median_time, write_result
+from kvtier import options
+from kvtier.bench.report import median_time
 from kvtier.blocks import BlockHash
+from kvtier.errors import ConfigError
+from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.scheduler import POLICIES, CPUOffloadingManager
 
 OPS = ("lookup", "touch", "load", "store_evict")
@@ -95,23 +98,38 @@ def run(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--blocks", type=int, default=200_000, help="tier capacity in blocks")
-    parser.add_argument("--pinned", type=int, default=50_000, help="blocks pinned by loads")
-    parser.add_argument("--batch", type=int, default=64, help="keys per call")
-    parser.add_argument("--rounds", type=int, default=400, help="calls per timed round")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median)")
+    """Options of ``kvtier bench manager`` (each checked before anything is measured)."""
+    parser.add_argument(
+        "--blocks", type=options.positive, default=200_000, help="tier capacity in blocks"
+    )
+    parser.add_argument(
+        "--pinned", type=options.non_negative, default=50_000, help="blocks pinned by loads"
+    )
+    parser.add_argument("--batch", type=options.positive, default=64, help="keys per call")
+    parser.add_argument(
+        "--rounds", type=options.positive, default=400, help="calls per timed round"
+    )
+    parser.add_argument("--repeats", type=options.positive, default=5, help="timed rounds (median)")
     parser.add_argument(
         "--policy",
         action="append",
         choices=sorted(POLICIES),
         help="policy to measure (repeatable; default: all)",
     )
-    parser.add_argument("--json", type=str, default=None, help="result path")
+    add_json_option(parser, "manager")
 
 
 def main(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    """Measure, print a table and one summary line, write the JSON.
 
+    Raises:
+        ConfigError: a bad option (named), found before anything is measured.
+    """
+    if args.pinned + args.batch > args.blocks:
+        raise ConfigError(
+            "--pinned", f"{args.pinned} pinned + a batch of {args.batch} exceed --blocks"
+        )
+    out = check_output("--json", args.json or default_path("manager"))
     policies = args.policy or sorted(POLICIES)
     config = {k: getattr(args, k) for k in ("blocks", "pinned", "batch", "rounds", "repeats")}
     config["policies"] = policies
@@ -130,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
             )
         ratio = by_pin[str(args.pinned)]["cpu"]["store_evict"] / by_pin["0"]["cpu"]["store_evict"]
         worst_ratio = max(worst_ratio, ratio)
-    path = write_result("manager", config, results, Path(args.json) if args.json else None)
+    path = write_result("manager", config, results, out)
     worst = {op: max(r[p]["cpu"][op] for r in results.values() for p in r) for op in OPS}
     print(
         f"manager: worst CPU ns/block lookup {worst['lookup']:.0f}, touch {worst['touch']:.0f}, "

@@ -38,7 +38,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -46,32 +45,68 @@ import numpy as np
 import redis
 import torch
 
+from kvtier import options
 from kvtier.bench.disk import checksum_vs_copy
-from kvtier.bench.report import write_result
 from kvtier.blocks import BlockHash, BlockId
-from kvtier.config import parse_bytes
+from kvtier.errors import ConfigError
 from kvtier.load_store_specs import CPULoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.media.redis_client import RemoteOptions
 from kvtier.media.remote import RemoteStore
+from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=None, help="server to test (default: start one)")
-    parser.add_argument("--sizes", default="256KiB,1MiB,4MiB", help="value sizes, comma separated")
-    parser.add_argument("--total", default="256MiB", help="bytes moved per pass")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per measurement")
-    parser.add_argument("--io-threads", type=int, default=4, help="jobs (connections) in flight")
-    parser.add_argument("--job-blocks", type=int, default=8, help="values per job (pipeline depth)")
-    parser.add_argument("--out", type=Path, default=None, help="result JSON path")
+    """Options of ``kvtier bench remote`` (each checked before anything is measured)."""
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="redis:// URL of a server to test (default: start a local redis-server)",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=options.size_list,
+        default="256KiB,1MiB,4MiB",
+        help="value sizes, comma separated",
+    )
+    parser.add_argument("--total", type=options.size, default="256MiB", help="bytes moved per pass")
+    parser.add_argument(
+        "--repeats", type=options.positive, default=5, help="timed passes per measurement"
+    )
+    parser.add_argument(
+        "--io-threads", type=options.positive, default=4, help="jobs (connections) in flight"
+    )
+    parser.add_argument(
+        "--job-blocks", type=options.positive, default=8, help="values per job (pipeline depth)"
+    )
+    add_json_option(parser, "remote")
+
+
+def check_server(url: str) -> None:
+    """Refuse a URL that is not a Redis URL or whose server does not answer a PING.
+
+    Raises:
+        ConfigError: (key ``--url``) saying what was tried and what to change.
+    """
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError("--url", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    try:
+        with redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+            client.ping()
+    except (redis.RedisError, OSError, ValueError) as e:
+        raise ConfigError(
+            "--url", f"no Redis answers at {url} ({e}); start one, or leave --url out"
+        ) from None
 
 
 @contextlib.contextmanager
 def local_server(maxmemory: int) -> Iterator[str]:
     """A throw-away ``redis-server`` on a free loopback port; yields its URL."""
     if shutil.which("redis-server") is None:
-        raise SystemExit("redis-server is not on PATH: apt-get install -y redis-server")
+        raise ConfigError(
+            "--url", "redis-server is not on PATH: install it (apt-get install redis-server)"
+        )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -195,10 +230,19 @@ def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> l
 
 
 def main(args: argparse.Namespace) -> int:
-    sizes = [parse_bytes("--sizes", s.strip()) for s in args.sizes.split(",")]
-    total = parse_bytes("--total", args.total)
+    """Measure, print a table and one summary line, write the JSON.
+
+    Raises:
+        ConfigError: a bad option (named), found before anything is measured.
+    """
+    sizes, total = args.sizes, args.total
     if shutil.which("redis-benchmark") is None:
-        raise SystemExit("redis-benchmark is not on PATH: apt-get install -y redis-server")
+        raise ConfigError(
+            "--url", "redis-benchmark is not on PATH: install it (apt-get install redis-tools)"
+        )
+    if args.url is not None:
+        check_server(args.url)
+    out = check_output("--json", args.json or default_path("remote"))
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(local_server(2 * total + (64 << 20)))
         rows = [r for s in sizes for r in measure_size(url, s, total, args)]
@@ -220,7 +264,7 @@ def main(args: argparse.Namespace) -> int:
         "job_blocks": args.job_blocks,
         "checksum": checksum_vs_copy(sizes),
     }
-    path = write_result("remote", config, rows, args.out)
+    path = write_result("remote", config, rows, out)
     worst = min(rows, key=lambda r: r["ratio"])
     print(
         f"remote: worst ratio to redis-benchmark {worst['ratio']:.2f} ({worst['op']} "

@@ -1,91 +1,18 @@
-"""Where benchmark results go: JSON under ``benchmarks/results/`` with their context.
+"""Timing helpers of the benchmarks. Their results are written by ``kvtier.results``.
 
-Every result file records the machine, the commit and the configuration, so that a
-figure quoted in a note can be traced to the run that produced it.
+``git_commit`` and ``machine_info`` are ``kvtier.results``'s, named here too for the
+benchmark scripts that import them from this module.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
+from kvtier.results import git_commit, machine_info
 
-def git_commit() -> str:
-    """The current commit (with ``+dirty`` when the tree has changes), or ``unknown``."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "")
-
-
-def machine_info() -> dict[str, Any]:
-    """Platform, CPU count and Python; torch and CUDA device when torch is loaded."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    try:
-        import torch
-    except ImportError:
-        return info
-    info["torch"] = torch.__version__
-    if torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name()
-    return info
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def default_path(name: str) -> Path:
-    """``benchmarks/results/<name>-<host>-<UTC time>.json``."""
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    host = platform.node().split(".")[0] or "host"
-    return Path("benchmarks") / "results" / f"{name}-{host}-{stamp}.json"
-
-
-def write_result(name: str, config: dict[str, Any], results: Any, path: Path | None = None) -> Path:
-    """Write one benchmark's results with machine, commit, time and configuration."""
-    path = path or default_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": name,
-        "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
-        "machine": machine_info(),
-        "config": config,
-        "results": results,
-    }
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    return path
+__all__ = ["git_commit", "machine_info", "median_time"]
 
 
 def median_time(

@@ -13,27 +13,33 @@ A *page* is one fragment: the K (or V) bytes of one layer for one GPU block (lay
 ``KV_FIRST``), so a block moves ``2 * layers * page`` bytes. ``ids`` says how the
 offloaded block ids of a job are laid out in the slab: ``contiguous`` (a fresh tier)
 or ``random`` (a fragmented one, the worst case). GPU block ids are always random.
-Results go to ``benchmarks/results/transfer-<machine>-<date>.json``. Torch only.
+Results go to ``kvtier-results/transfer-<host>-<time>.json`` (or ``--json PATH``).
+Torch only.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvtier.bench.report import git_commit, machine_info
+from kvtier import options
 from kvtier.blocks import BlockId
 from kvtier.errors import ConfigError
 from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.results import (
+    add_json_option,
+    check_output,
+    default_path,
+    git_commit,
+    machine_info,
+    write_result,
+)
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout
 from kvtier.worker.gpu_cpu import SingleDirectionHandler
 
@@ -252,35 +258,59 @@ def _size(n: int) -> str:
     return f"{n // MiB}MiB" if n >= MiB else f"{n // KiB}KiB"
 
 
-def _parse_size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([kKmM]?)(i?[bB])?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16K, 4M)")
-    return int(m[1]) * {"": 1, "k": KiB, "m": MiB}[m[2].lower()]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``kvtier bench transfer``."""
+    """Options of ``kvtier bench transfer`` (each checked before anything is measured)."""
     parser.add_argument(
-        "--pages", default="8K,16K,64K,256K,1M,4M", help="page sizes (one fragment)"
+        "--pages",
+        type=options.size_list,
+        default="8KiB,16KiB,64KiB,256KiB,1MiB,4MiB",
+        help="page sizes (one fragment), multiples of 32 bytes",
     )
-    parser.add_argument("--blocks", default="1,16,256,4096", help="blocks per job")
-    parser.add_argument("--layers", type=int, default=2, help="layers (2 fragments each)")
-    parser.add_argument("--ids", default="contiguous,random", help="slab id orders to run")
-    parser.add_argument("--max-job-mib", type=int, default=128, help="skip larger jobs")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--out", default="benchmarks/results", help="directory for the JSON")
+    parser.add_argument(
+        "--blocks", type=options.positive_list, default="1,16,256,4096", help="blocks per job"
+    )
+    parser.add_argument(
+        "--layers", type=options.positive, default=2, help="layers (2 fragments each)"
+    )
+    parser.add_argument(
+        "--ids", default="contiguous,random", help="slab id orders to run: contiguous, random"
+    )
+    parser.add_argument(
+        "--max-job-mib", type=options.positive, default=128, help="skip larger jobs (MiB)"
+    )
+    parser.add_argument(
+        "--repeats", type=options.positive, default=5, help="timed runs per case (median)"
+    )
+    parser.add_argument(
+        "--warmup", type=options.non_negative, default=1, help="untimed runs per case first"
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where the KV cache lives (auto: cuda if available)",
+    )
+    add_json_option(parser, "transfer")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run, print a table and one summary line, write the JSON."""
+    """Run, print a table and one summary line, write the JSON.
+
+    Raises:
+        ConfigError: a bad option (named), found before anything is measured.
+    """
+    ids = [part.strip() for part in args.ids.split(",") if part.strip()]
+    if not ids or not set(ids) <= {"contiguous", "random"}:
+        raise ConfigError("--ids", f"got {args.ids!r}; give contiguous, random or both")
+    if any(p % 32 for p in args.pages):
+        raise ConfigError("--pages", f"page sizes must be multiples of 32 bytes, got {args.pages}")
+    options.check_device("--device", args.device)
+    out = check_output("--json", args.json or default_path("transfer"))
     results = run_transfer_bench(
-        [_parse_size(p) for p in args.pages.split(",")],
-        [int(b) for b in args.blocks.split(",")],
+        args.pages,
+        args.blocks,
         layers=args.layers,
-        ids=args.ids.split(","),
+        ids=ids,
         max_job_bytes=args.max_job_mib * MiB,
         warmup=args.warmup,
         repeats=args.repeats,
@@ -298,14 +328,8 @@ def main(args: argparse.Namespace) -> int:
             f"{r['g2c']:.2f}/{r['c2g']:.2f}/{r['both']:.2f}"
         )
     info = results["machine"]
-    machine = re.sub(
-        r"[^A-Za-z0-9]+",
-        "-",
-        info.get("cuda_device") or f"cpu-{info['machine']}-{info['cpu_count']}c",
-    )
-    path = Path(args.out) / f"transfer-{machine}-{dt.date.today().isoformat()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    figures = {k: results[k] for k in ("cases", "skipped", "summary")}
+    path = write_result("transfer", results["config"], figures, out, machine=info)
     summary = ", ".join(
         f"{p} {w['g2c']:.2f}/{w['c2g']:.2f}/{w['both']:.2f} (lane {ln['g2c']:.2f}/{ln['c2g']:.2f})"
         for p, v in results["summary"].items()

@@ -7,8 +7,9 @@ Runs in its own process, on the GPU when there is one, else on the CPU::
 
 Prints one line per turn while it runs (stderr), then TTFT (median, p90) per
 configuration, speedups against no offloading, hit ratios per tier and bytes moved;
-writes a JSON result (``benchmarks/results/run-<host>-<time>.json`` by default) and a
-PNG of TTFT by turn next to it. Exits 1 when offloading changed any generated token.
+writes a JSON result (``kvtier-results/run-<host>-<time>.json`` by default, never
+overwritten) and a PNG of TTFT by turn next to it. Every option is checked before the
+model is built. Exits 1 when offloading changed any generated token.
 """
 
 from __future__ import annotations
@@ -17,18 +18,23 @@ import argparse
 import math
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtier.bench.report import default_path, write_result
-from kvtier.config import STORE_POLICIES, parse_bytes
-from kvtier.errors import ConfigError, KvtierError
+from kvtier import options
+from kvtier.config import STORE_POLICIES
+from kvtier.errors import ConfigError
+from kvtier.machine import check_disk, check_memory
+from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.run.configs import NAMES, Configuration, TierSizes, build_configurations, parse_names
 from kvtier.run.workload import Workload, WorkloadSpec, generate_workload
+from kvtier.scheduler.policies import POLICIES
+from kvtier.sizes import format_bytes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -85,7 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="local Hugging Face checkpoint (default: the embedded model)",
     )
-    e.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    e.add_argument(
+        "--device", help="torch device: cpu, cuda (default: cuda if available, else cpu)"
+    )
     e.add_argument(
         "--dtype",
         choices=("float32", "bfloat16", "float16"),
@@ -93,36 +101,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     e.add_argument(
         "--threads",
-        type=int,
+        type=options.positive,
         default=1,
         help="torch intra-op threads (default: 1; see docs/run.md)",
     )
     e.add_argument(
         "--gpu-blocks",
-        type=int,
+        type=options.positive,
         metavar="N",
         help=f"GPU pool pages (default: {POOL_HEADROOM}x the largest turn, "
         "too small to keep the conversations)",
     )
-    e.add_argument("--block-size", type=int, default=16, help="tokens per page (default: 16)")
+    e.add_argument(
+        "--block-size", type=options.positive, default=16, help="tokens per page (default: 16)"
+    )
     o = parser.add_argument_group("offloading")
     o.add_argument(
         "--configs",
         default=",".join(NAMES),
         help="configurations to compare (default: %(default)s)",
     )
-    o.add_argument("--cpu-bytes", help="CPU tier of 'cpu' (default: 2x the workload's KV)")
+    o.add_argument(
+        "--cpu-bytes",
+        type=options.size,
+        metavar="SIZE",
+        help="CPU tier of 'cpu', e.g. 100MiB (default: 2x the workload's KV)",
+    )
     o.add_argument(
         "--cpu-bytes-with-disk",
+        type=options.size,
+        metavar="SIZE",
         help="CPU tier of 'cpu+disk' (default: a quarter of the workload's KV)",
     )
-    o.add_argument("--disk-bytes", help="disk tier of 'cpu+disk' (default: 2x the KV)")
+    o.add_argument(
+        "--disk-bytes",
+        type=options.size,
+        metavar="SIZE",
+        help="disk tier of 'cpu+disk' (default: 2x the KV)",
+    )
     o.add_argument(
         "--disk-path",
         type=Path,
         help="disk tier directory (default: a temporary one, removed after)",
     )
-    o.add_argument("--eviction-policy", default="lru", help="tiers' policy (default: lru)")
+    o.add_argument(
+        "--eviction-policy",
+        default="lru",
+        choices=sorted(POLICIES),
+        help="tiers' policy (default: lru)",
+    )
     o.add_argument(
         "--store-policy",
         default="eager",
@@ -132,16 +159,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("report")
     r.add_argument(
         "--late-turn",
-        type=int,
+        type=options.non_negative,
         metavar="K",
         help="turns with index >= K count as late (default: turns // 2)",
     )
-    r.add_argument(
-        "--json",
-        type=Path,
-        metavar="PATH",
-        help="results file (default: benchmarks/results/run-<host>-<time>.json)",
-    )
+    add_json_option(r, "run")
     r.add_argument(
         "--plot",
         type=Path,
@@ -151,25 +173,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--no-progress", action="store_true", help="no per-turn lines on stderr")
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run the job; 0 when every configuration produced the same tokens, 1 otherwise."""
-    try:
-        return _main(args)
-    except KvtierError as e:
-        print(f"kvtier run: error: {e}", file=sys.stderr)
-        return 2
-
-
-def _bytes(option: str, value: str | None) -> int | None:
-    return None if value is None else parse_bytes(option, value)
-
-
 def default_gpu_blocks(workload: Workload, block_size: int) -> int:
     """``POOL_HEADROOM`` times the pages of the largest turn."""
     return math.ceil(POOL_HEADROOM * math.ceil(workload.max_request_tokens / block_size))
 
 
-def _main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
+    """Run the job; 0 when every configuration produced the same tokens, 1 otherwise.
+
+    Raises:
+        ConfigError: a bad option (named), found before the model is built.
+    """
     spec = WorkloadSpec(
         conversations=args.conversations,
         turns=args.turns,
@@ -180,23 +194,36 @@ def _main(args: argparse.Namespace) -> int:
     )
     names = parse_names(args.configs)
     sizes = TierSizes(
-        cpu_bytes=_bytes("--cpu-bytes", args.cpu_bytes),
-        cpu_bytes_with_disk=_bytes("--cpu-bytes-with-disk", args.cpu_bytes_with_disk),
-        disk_bytes=_bytes("--disk-bytes", args.disk_bytes),
+        cpu_bytes=args.cpu_bytes,
+        cpu_bytes_with_disk=args.cpu_bytes_with_disk,
+        disk_bytes=args.disk_bytes,
     )
-    if args.threads < 1:
-        raise ConfigError("--threads", f"must be >= 1, got {args.threads}")
-    if args.block_size < 1:
-        raise ConfigError("--block-size", f"must be >= 1, got {args.block_size}")
     late_turn = spec.turns // 2 if args.late_turn is None else args.late_turn
     if not 0 <= late_turn < spec.turns:
         raise ConfigError("--late-turn", f"must be in 0..{spec.turns - 1}, got {late_turn}")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        raise ConfigError("--model", f"{args.model} is not a checkpoint directory (no config.json)")
+    for option, size in (
+        ("--cpu-bytes", sizes.cpu_bytes),
+        ("--cpu-bytes-with-disk", sizes.cpu_bytes_with_disk),
+    ):
+        if size is not None:
+            check_memory(option, size)
+    with_disk = "cpu+disk" in names
+    if sizes.disk_bytes is not None and with_disk:
+        check_disk("--disk-bytes", args.disk_path or Path(tempfile.gettempdir()), sizes.disk_bytes)
+    json_path = check_output("--json", args.json or default_path("run"))
+    plot_path = check_output("--plot", args.plot or json_path.with_suffix(".png"))
+    if args.disk_path is not None and with_disk:  # last: it creates the directory
+        options.writable_directory("--disk-path", args.disk_path, create=True)
 
+    print("kvtier run: loading torch and the model ...", flush=True)
     import torch  # only now: the option errors above come without torch's start-up cost
 
     from kvtier.engine import load_model
     from kvtier.engine.kv_pool import KVShape
 
+    options.check_device("--device", args.device)
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     model = load_model(args.model, device=args.device, dtype=dtype)
@@ -215,9 +242,14 @@ def _main(args: argparse.Namespace) -> int:
         )
     temp_dir = None
     disk_path = args.disk_path
-    if disk_path is None and "cpu+disk" in names:
-        temp_dir = disk_path = Path(tempfile.mkdtemp(prefix="kvtier-run-"))
     try:
+        if disk_path is None and with_disk:
+            # Ctrl-C and SIGTERM wait until temp_dir is set, so that finally removes it.
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                temp_dir = disk_path = Path(tempfile.mkdtemp(prefix="kvtier-run-"))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         configs = build_configurations(
             names,
             kv_bytes,
@@ -227,7 +259,9 @@ def _main(args: argparse.Namespace) -> int:
             args.eviction_policy,
             args.store_policy,
         )
-        return _run_and_report(args, model, workload, configs, gpu_blocks, kv_bytes, late_turn)
+        return _run_and_report(
+            args, model, workload, configs, gpu_blocks, kv_bytes, late_turn, json_path, plot_path
+        )
     finally:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -241,6 +275,8 @@ def _run_and_report(
     gpu_blocks: int,
     kv_bytes: int,
     late_turn: int,
+    json_path: Path,
+    plot_path: Path,
 ) -> int:
     import torch
 
@@ -254,7 +290,7 @@ def _run_and_report(
     )
     print(describe_setup(workload, gpu_blocks, args.block_size, kv_bytes))
     for c in configs:
-        shown = "no offloading" if c.offload is None else dict(c.offload)
+        shown = "no offloading" if c.offload is None else _describe(c.offload)
         print(f"config {c.name}: {shown}")
     sys.stdout.flush()
     progress = None if args.no_progress else sys.stderr
@@ -279,9 +315,15 @@ def _run_and_report(
         "workload_kv_bytes": kv_bytes,
         "configurations": {c.name: dict(c.offload) if c.offload else None for c in configs},
     }
-    json_path = args.json or default_path("run")
     path = write_result("run", config, to_json(runs, summaries, mismatches), json_path)
-    plot_path = args.plot or path.with_suffix(".png")
     plot_ttft(runs, plot_path, f"kvtier run: TTFT by turn ({platform.node()})")
     print(f"wrote {path} and {plot_path}")
     return 1 if mismatches else 0
+
+
+def _describe(offload: Mapping[str, object]) -> str:
+    """An offload dict as a user reads it: sizes in binary units, not byte counts."""
+    return ", ".join(
+        f"{k}={format_bytes(v) if k.endswith('_bytes_to_use') and isinstance(v, int) else v}"
+        for k, v in offload.items()
+    )

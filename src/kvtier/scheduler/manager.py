@@ -31,6 +31,7 @@ from kvtier.errors import ConfigError, ProtocolError
 from kvtier.load_store_specs import SPEC_BY_MEDIUM, BlockIdsSpec
 from kvtier.scheduler.policies import EvictionPolicy, make_policy
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
+from kvtier.scheduler.slots import FreeSlots
 
 
 class BlockState(enum.Enum):
@@ -93,7 +94,7 @@ class TierManager:
         # policy's "is it held?" is one C-level membership test.
         self._busy: set[BlockHash] = set()
         self._is_held: Callable[[BlockHash], bool] = self._busy.__contains__
-        self._free: list[BlockId] = [BlockId(i) for i in reversed(range(num_blocks))]
+        self._free = FreeSlots(num_blocks)  # memory grows with what the tier holds
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
         self._seen_cap = 4 * num_blocks
@@ -242,9 +243,7 @@ class TierManager:
                 return None
             self._evict(victims)
             evicted = victims
-        free = self._free
-        slots = free[len(free) - len(to_store) :]
-        del free[len(free) - len(to_store) :]
+        slots = self._free.take(len(to_store))
         blocks.update(zip(to_store, map(_Block, slots, repeat(BlockState.STORING)), strict=True))
         self._busy.update(to_store)
         self.policy.add_all(to_store)

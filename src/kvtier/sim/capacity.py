@@ -6,8 +6,9 @@ Three forms:
 * a share of the trace's distinct blocks: ``5%`` (``round(0.05 × distinct)``, as the
   reference figures in ``SOURCES.md`` are computed), or ``inf`` for all of them
   (nothing is ever evicted);
-* bytes: ``8GiB``, ``500MB``, ``1.5TiB``, ``123456B`` -- needs the model's KV bytes per
-  token; a block holds ``block_size`` tokens, and only whole blocks count.
+* bytes: ``8GiB``, ``500MB``, ``1.5TiB``, ``123456B`` (read by ``kvtier.sizes``, as
+  every size in kvtier) -- needs the model's KV bytes per token; a block holds
+  ``block_size`` tokens, and only whole blocks count.
 """
 
 from __future__ import annotations
@@ -17,19 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvtier.errors import ConfigError
+from kvtier.sizes import parse_bytes
 
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
-_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]I?B|B)\s*$", re.IGNORECASE)
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
@@ -93,10 +83,11 @@ def parse_capacity(text: str, key: str = "--capacity") -> Capacity:
         if share > 1:
             raise ConfigError(key, f"{text!r} is more than all distinct blocks; use <= 100%")
         return Capacity(text=stripped, kind=CapacityKind.FRACTION, value=share)
-    size = _BYTES.match(stripped)
-    if size:
-        value = float(size.group(1)) * _UNITS[size.group(2).upper()]
-        return Capacity(text=stripped, kind=CapacityKind.BYTES, value=value)
+    if any(c.isalpha() for c in stripped):
+        try:
+            return Capacity(text=stripped, kind=CapacityKind.BYTES, value=parse_bytes(key, text))
+        except ConfigError:
+            pass
     raise ConfigError(
         key, f"cannot read capacity {text!r}; write blocks (4096), a share (5%), or bytes (8GiB)"
     )
@@ -112,23 +103,3 @@ def parse_capacities(text: str, key: str = "--sweep") -> tuple[Capacity, ...]:
     if not items:
         raise ConfigError(key, "give at least one capacity, e.g. 1%,5%,10%")
     return tuple(parse_capacity(item, key) for item in items)
-
-
-def parse_size(text: str, key: str) -> int:
-    """Parse a byte size: a plain integer or a number with a unit (``160KiB``).
-
-    Raises:
-        ConfigError: unreadable or not positive.
-    """
-    stripped = text.strip()
-    value: float
-    if stripped.isdigit():
-        value = int(stripped)
-    else:
-        size = _BYTES.match(stripped)
-        if not size:
-            raise ConfigError(key, f"cannot read size {text!r}; write bytes (163840 or 160KiB)")
-        value = float(size.group(1)) * _UNITS[size.group(2).upper()]
-    if int(value) <= 0:
-        raise ConfigError(key, f"size must be positive, got {text!r}")
-    return int(value)

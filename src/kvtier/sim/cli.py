@@ -2,27 +2,29 @@
 
 Runs in its own process (scheduler side only, no torch). One capacity::
 
-    kvtier simulate --trace T.jsonl --capacity 5% --policy lru
+    kvtier simulate --capacity 5% --policy lru
     kvtier simulate --trace T.jsonl --capacity 8GiB --kv-bytes-per-token 160KiB --json out.json
 
 A sweep (several policies, several capacities, a PNG and JSON)::
 
     kvtier simulate --sweep 1%,5%,10%,25%,50% --policy lru --policy arc --policy slru \\
         --plot sweep.png --json sweep.json
+
+Every option is checked before the replay. Results go to
+``kvtier-results/simulate-<host>-<time>.json`` unless ``--json`` says where.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvtier.errors import KvtierError
-from kvtier.sim.capacity import parse_capacities, parse_capacity, parse_size
+from kvtier import options
+from kvtier.errors import ConfigError, TraceError
+from kvtier.results import add_json_option, check_output, default_path, write_result
+from kvtier.scheduler.policies import POLICIES
+from kvtier.sim.capacity import Capacity, parse_capacities, parse_capacity
 from kvtier.sim.metrics import HitRatios
 from kvtier.sim.progress import Progress
 from kvtier.sim.sweep import SweepPoint, point_to_json, run_sweep, run_to_json
@@ -30,7 +32,6 @@ from kvtier.sim.trace import DEFAULT_BLOCK_SIZE, Trace, read_mooncake
 from kvtier.sim.traces import SYNTHETIC_TRACE
 from kvtier.sim.workload import SHAPES, generate, shaped
 
-_REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TRACE = SYNTHETIC_TRACE
 """The trace used when none is given: Mooncake's synthetic trace, shipped in the package."""
 
@@ -65,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--block-size",
-        type=int,
+        type=options.positive,
         default=DEFAULT_BLOCK_SIZE,
         help="tokens per block of the trace's hash_ids (default: %(default)s)",
     )
@@ -84,21 +85,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         action="append",
         metavar="NAME",
-        help="eviction policy, repeatable (default: lru); see kvtier.scheduler.POLICIES",
+        choices=sorted(POLICIES),
+        help="eviction policy, repeatable (default: lru)",
     )
     parser.add_argument(
         "--store-threshold",
-        type=int,
+        type=options.non_negative,
         default=0,
         help="store a block only once looked up this many times (0: always; default: 0)",
     )
     parser.add_argument(
         "--kv-bytes-per-token",
+        type=options.size,
         metavar="SIZE",
         help="the model's KV cache bytes per token (163840 or 160KiB), for byte capacities",
     )
     parser.add_argument("--no-belady", action="store_true", help="skip the Belady reference")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write results as JSON")
+    add_json_option(parser, "simulate")
     parser.add_argument("--plot", type=Path, metavar="PATH", help="draw the sweep as a PNG")
     parser.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
 
@@ -108,10 +111,13 @@ def _load(args: argparse.Namespace) -> Trace:
         return generate(shaped(args.shape, args.generate, block_size=args.block_size))
     path = args.trace
     if path is None:
-        if not DEFAULT_TRACE.is_file():
-            raise KvtierError("no trace given: pass --trace PATH (or --generate SEED)")
         path = DEFAULT_TRACE
-    return read_mooncake(path, block_size=args.block_size)
+    elif not path.is_file():
+        raise ConfigError("--trace", f"{path} is not a file; give a Mooncake-format trace")
+    trace = read_mooncake(path, block_size=args.block_size)
+    if not trace.requests:
+        raise TraceError(f"{path} holds no requests; give a trace with at least one")
+    return trace
 
 
 def _pct(value: float) -> str:
@@ -158,61 +164,56 @@ def _print_sweep(points: Sequence[SweepPoint]) -> None:
         print(f"  {'belady (offline)':<20}{cells}")
 
 
-def _environment() -> dict[str, object]:
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(_REPO_ROOT), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(),
-        },
-        "commit": commit or None,
-    }
+def _check_capacities(capacities: Sequence[Capacity], trace: Trace, kv_bytes: int | None) -> None:
+    for cap in capacities:
+        blocks = cap.blocks(
+            distinct_blocks=trace.num_distinct_blocks,
+            block_size=trace.block_size,
+            kv_bytes_per_token=kv_bytes,
+        )
+        if blocks < 1:
+            raise ConfigError(
+                "--sweep" if len(capacities) > 1 else "--capacity",
+                f"{cap.text!r} is {blocks} blocks of this trace; give at least one block",
+            )
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run ``kvtier simulate``; returns the exit status (0 ok, 2 bad input)."""
-    try:
-        trace = _load(args)
-        policies = args.policy or ["lru"]
-        kv_bytes = (
-            parse_size(args.kv_bytes_per_token, "--kv-bytes-per-token")
-            if args.kv_bytes_per_token
-            else None
-        )
-        sweeping = args.sweep is not None
-        capacities = parse_capacities(args.sweep) if sweeping else (parse_capacity(args.capacity),)
-        total = len(trace.requests) * len(capacities) * (len(policies) + (not args.no_belady))
-        progress = Progress(total, enabled=False if args.no_progress else None)
-        points = run_sweep(
-            trace,
-            capacities,
-            policies,
-            kv_bytes_per_token=kv_bytes,
-            store_threshold=args.store_threshold,
-            disk_capacity=parse_capacity(args.disk_capacity, "--disk-capacity")
-            if args.disk_capacity
-            else None,
-            with_belady=not args.no_belady,
-            progress=progress,
-        )
-        progress.close()
-        if args.plot is not None:
-            from kvtier.sim.plot import plot_sweep
+    """Run ``kvtier simulate``; returns 0 (bad input raises, and the ``kvtier`` command
+    answers it with one line and exit 2).
 
-            plot_sweep(points, args.plot, f"{Path(trace.source).name}: hit ratio vs capacity")
-    except KvtierError as exc:
-        print(f"kvtier simulate: {exc}", file=sys.stderr)
-        return 2
+    Raises:
+        ConfigError: a bad option (named), found before the replay.
+        TraceError: the trace is malformed or empty.
+    """
+    policies = args.policy or ["lru"]
+    sweeping = args.sweep is not None
+    capacities = parse_capacities(args.sweep) if sweeping else (parse_capacity(args.capacity),)
+    disk_capacity = (
+        parse_capacity(args.disk_capacity, "--disk-capacity") if args.disk_capacity else None
+    )
+    out = check_output("--json", args.json or default_path("simulate"))
+    if args.plot is not None:
+        check_output("--plot", args.plot)
+    trace = _load(args)
+    _check_capacities(capacities, trace, args.kv_bytes_per_token)
+    total = len(trace.requests) * len(capacities) * (len(policies) + (not args.no_belady))
+    progress = Progress(total, enabled=False if args.no_progress else None)
+    points = run_sweep(
+        trace,
+        capacities,
+        policies,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        store_threshold=args.store_threshold,
+        disk_capacity=disk_capacity,
+        with_belady=not args.no_belady,
+        progress=progress,
+    )
+    progress.close()
+    if args.plot is not None:
+        from kvtier.sim.plot import plot_sweep
+
+        plot_sweep(points, args.plot, f"{Path(trace.source).name}: hit ratio vs capacity")
     print(
         f"trace {trace.source}: {len(trace.requests)} requests, {trace.num_block_refs} block "
         f"references, {trace.num_distinct_blocks} distinct blocks of {trace.block_size} tokens"
@@ -223,21 +224,15 @@ def main(args: argparse.Namespace) -> int:
         _print_point(points[0])
     if not args.no_belady:
         print("* Belady: offline reference (sees the future); no online policy should pass it")
-    if args.json is not None:
-        try:
-            _write_json(args, trace, points, sweeping)
-        except OSError as exc:
-            print(f"kvtier simulate: cannot write {args.json}: {exc.strerror}", file=sys.stderr)
-            return 2
-    if args.plot is not None:
-        print(f"plot written to {args.plot}")
+    path = _write_json(args, out, trace, points, sweeping)
+    print(f"wrote {path}" + (f" and {args.plot}" if args.plot is not None else ""))
     return 0
 
 
 def _write_json(
-    args: argparse.Namespace, trace: Trace, points: Sequence[SweepPoint], sweeping: bool
-) -> None:
-    doc: dict[str, object] = {
+    args: argparse.Namespace, out: Path, trace: Trace, points: Sequence[SweepPoint], sweeping: bool
+) -> Path:
+    config: dict[str, object] = {
         "trace": {
             "source": trace.source,
             "requests": len(trace.requests),
@@ -245,20 +240,19 @@ def _write_json(
             "distinct_blocks": trace.num_distinct_blocks,
             "block_size": trace.block_size,
         },
-        "config": {
-            "policies": args.policy or ["lru"],
-            "capacities": [p.capacity for p in points],
-            "store_threshold": args.store_threshold,
-            "disk_capacity": args.disk_capacity,
-            "kv_bytes_per_token": args.kv_bytes_per_token,
-        },
-        **_environment(),
+        "policies": args.policy or ["lru"],
+        "capacities": [p.capacity for p in points],
+        "store_threshold": args.store_threshold,
+        "disk_capacity": args.disk_capacity,
+        "kv_bytes_per_token": args.kv_bytes_per_token,
+        "belady": not args.no_belady,
     }
+    results: dict[str, object] = {}
     if sweeping:
-        doc["points"] = [point_to_json(p) for p in points]
+        results["points"] = [point_to_json(p) for p in points]
     else:
         # A single capacity: the first --policy's ratios at the top level, every run below.
         point = points[0]
-        doc.update(run_to_json(point.runs[0]))
-        doc.update(point_to_json(point))
-    args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        results.update(run_to_json(point.runs[0]))
+        results.update(point_to_json(point))
+    return write_result("simulate", config, results, out)
