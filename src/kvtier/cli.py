@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
         "remote": ("kvtier.bench.remote", "remote tier store/load GB/s against redis-benchmark"),
     },
     "simulate": ("kvtier.sim.cli", "replay a trace through the manager; compare with Belady"),
+    "soak": ("kvtier.soak.cli", "the engine under random tier faults; every token checked"),
 }
 
 
