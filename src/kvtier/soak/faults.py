@@ -3,7 +3,8 @@
 Runs in the soak process. Redis faults and a full disk last a random 1-4 s (the
 soak heals them when due); damaged block files are instantaneous, their effect
 comes when a load reads them; an engine SIGKILL happens during the next request
-(``runner``). Every fault opens a window, for the estimate of time lost.
+(``runner``), and ``engine_kill_full_disk`` restarts the engine with its disk full.
+Every fault opens a window, for the estimate of time lost.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ FAULT_KINDS = (
     "block_delete",
     "disk_full",
     "engine_kill",
+    "engine_kill_full_disk",
 )
-"""Every kind the soak injects; each is injected once, in a seeded order, before any
-kind is drawn at random (by ``WEIGHTS``)."""
+"""Every kind the soak injects; each is injected once, in a seeded order (the engine
+SIGKILL last), before any kind is drawn at random (by ``WEIGHTS``)."""
 
-WEIGHTS = {kind: 1.0 for kind in FAULT_KINDS} | {"engine_kill": 0.25}
+WEIGHTS = {kind: 1.0 for kind in FAULT_KINDS} | {"engine_kill": 0.2, "engine_kill_full_disk": 0.1}
 """Relative odds of each kind after the first round: restarting an engine process
 (import torch, build the model) takes seconds, so it comes a quarter as often."""
 
@@ -71,8 +73,10 @@ class Injector:
     _plan: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._plan = list(FAULT_KINDS)
-        self.rng.shuffle(self._plan)
+        kills = ["engine_kill_full_disk", "engine_kill"]
+        others = [k for k in FAULT_KINDS if k not in kills]
+        self.rng.shuffle(others)
+        self._plan = [*kills, *others]  # popped from the end: the restarts come last
 
     def active(self, kind: str) -> bool:
         return any(w.kind == kind and w.end is None for w in self.windows)
@@ -87,7 +91,7 @@ class Injector:
         return self.rng.choices(free, weights=[WEIGHTS[k] for k in free])[0]
 
     def inject(self, kind: str, now: float) -> None:
-        """Inject one fault (``engine_kill`` only records it: the runner kills)."""
+        """Inject one fault (``engine_kill*`` only records it: the runner kills)."""
         self.injected[kind] += 1
         lasting = kind in ("redis_kill", "redis_stop", "disk_full")
         heal_at = now + self.rng.uniform(1.0, 4.0) if lasting else now + EFFECT_S

@@ -6,7 +6,7 @@ and sends it to engine ``a`` or ``b`` at random. Both engines share the soak's R
 each has its own CPU tier and its own disk directory in the soak's disk area. An
 ``engine_kill`` SIGKILLs the engine a random moment into the request (while it
 computes and stores), checks every block file it left, restarts it over the same
-directory and sends the request again.
+directory (``engine_kill_full_disk``: with the disk full) and sends the request again.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class Soak:
         )
         self.counts |= {"failed_loads_recomputed": 0, "loaded_blocks": 0, "corrupt_on_restart": 0}
         self.hits: dict[str, int] = {}
-        self.kill_lost_s = 0.0
+        self.kill_lost_s = {"engine_kill": 0.0, "engine_kill_full_disk": 0.0}
         self.restart_s: list[float] = []
         self.messages: list[str] = []
 
@@ -142,21 +142,21 @@ class Soak:
         deadline = start + self.opt.duration_s
         next_fault = start + self.rng.expovariate(1 / self.opt.fault_interval_s)
         next_report = start + 30.0
-        kill_next = False
+        kill_next: str | None = None
         while time.monotonic() < deadline and len(self.requests) < self.opt.max_requests:
             now = time.monotonic()
             injector.heal(now)
             if now >= next_fault:
                 kind = injector.next_kind()
                 injector.inject(kind, now)
-                kill_next = kill_next or kind == "engine_kill"
+                kill_next = kind if kind.startswith("engine_kill") else kill_next
                 next_fault = now + self.rng.expovariate(1 / self.opt.fault_interval_s)
             turn = workload.next_turn()
             name = self.rng.choice(sorted(engines))
             self._serve(engines[name], turn, kill_next, injector)
-            kill_next = False
+            kill_next = None
             if time.monotonic() >= next_report:
-                next_report += 30.0
+                next_report = time.monotonic() + 30.0
                 self._say(
                     f"soak: {time.monotonic() - start:.0f} s, {len(self.requests)} requests, "
                     f"{sum(injector.injected.values())} faults, "
@@ -165,14 +165,16 @@ class Soak:
                 )
         self.conversations = workload.started
 
-    def _serve(self, engine: EngineProcess, turn: Turn, kill: bool, injector: Injector) -> None:
+    def _serve(
+        self, engine: EngineProcess, turn: Turn, kill: str | None, injector: Injector
+    ) -> None:
         t0 = time.monotonic()
         for attempt in range(3):
             try:
                 engine.send(list(turn.prompt), len(turn.expected))
-                if kill:
-                    kill = False
-                    self._kill_and_restart(engine, injector, t0)
+                if kill is not None:
+                    self._kill_and_restart(engine, injector, t0, kill)
+                    kill = None
                     continue  # the request died with the engine: send it again
                 reply = engine.receive(self.opt.request_timeout_s)
             except EngineGone as e:
@@ -187,7 +189,9 @@ class Soak:
             return
         self._say("soak: a request failed three times; skipped")
 
-    def _kill_and_restart(self, engine: EngineProcess, injector: Injector, t0: float) -> None:
+    def _kill_and_restart(
+        self, engine: EngineProcess, injector: Injector, t0: float, kind: str
+    ) -> None:
         typical = (
             statistics.median(r.end - r.start for r in self.requests[-20:])
             if self.requests
@@ -200,8 +204,15 @@ class Soak:
         self.counts["corrupt_on_restart"] += len(bad)
         for line in bad[:5]:
             self._say(f"soak: CORRUPT BLOCK after SIGKILL of engine {engine.name}: {line}")
-        self._restart(engine)
-        self.kill_lost_s += time.monotonic() - t0
+        fill = kind == "engine_kill_full_disk" and not injector.active("disk_full")
+        if fill:
+            injector.disk.fill()
+        try:
+            self._restart(engine)
+        finally:
+            if fill:
+                injector.disk.unfill()
+        self.kill_lost_s[kind] += time.monotonic() - t0
         self.restart_s.append(time.monotonic() - killed_at)
 
     def _restart(self, engine: EngineProcess) -> None:
@@ -232,7 +243,7 @@ class Soak:
             self.hits[medium] = self.hits.get(medium, 0) + int(n)
 
     def _figures(self, injector: Injector, disk: DiskArea, corrupt_at_end: int) -> dict[str, Any]:
-        windows = [w for w in injector.windows if w.kind != "engine_kill"]
+        windows = [w for w in injector.windows if not w.kind.startswith("engine_kill")]
 
         def kinds_over(r: _Served) -> list[str]:
             return [w.kind for w in windows if w.start <= r.end and (w.end or r.end) >= r.start]
@@ -247,7 +258,7 @@ class Soak:
             excess = max(0.0, r.end - r.start - baseline)
             for kind in over:
                 lost[kind] += excess / len(over)
-        lost["engine_kill"] = self.kill_lost_s
+        lost |= self.kill_lost_s
         restarts = sorted(self.restart_s)
         return {
             "requests_served": len(self.requests),
