@@ -7,6 +7,7 @@ soak.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -39,6 +40,7 @@ class EngineProcess:
         self.proc: subprocess.Popen[str] | None = None
         self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.recovered = 0
+        self._reader: threading.Thread | None = None
 
     def start(self, timeout_s: float) -> float:
         """Start the process and wait for ``ready``; its start-up seconds.
@@ -67,9 +69,10 @@ class EngineProcess:
 
     @staticmethod
     def _read(stream: IO[str], lines: queue.Queue[dict[str, Any] | None]) -> None:
-        for line in stream:
-            if line.startswith(PREFIX):
-                lines.put(json.loads(line[len(PREFIX) :]))
+        with stream:
+            for line in stream:
+                if line.startswith(PREFIX):
+                    lines.put(json.loads(line[len(PREFIX) :]))
         lines.put(None)  # end of stream: the process is gone
 
     def _next(self, timeout_s: float) -> dict[str, Any]:
@@ -107,6 +110,11 @@ class EngineProcess:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+            if self.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+            if self._reader is not None:
+                self._reader.join(timeout=5)  # it closes stdout at end of stream
             self.proc = None
 
     def close(self, timeout_s: float = 60.0) -> None:

@@ -78,6 +78,10 @@ class Injector:
         self.rng.shuffle(others)
         self._plan = [*kills, *others]  # popped from the end: the restarts come last
 
+    @property
+    def every_kind_injected(self) -> bool:
+        return all(self.injected.values())
+
     def active(self, kind: str) -> bool:
         return any(w.kind == kind and w.end is None for w in self.windows)
 

@@ -46,7 +46,8 @@ class SoakOptions:
     """How long and how hard (the ``kvtier soak`` options of the same names).
 
     Attributes:
-        duration_s: seconds of serving (start-up and the final checks come on top).
+        duration_s: seconds of serving (start-up and the final checks come on top);
+            a run goes on past it until every kind of fault was injected once.
         max_requests: stop after this many requests even if time is left.
         seed: seeds the workload and the faults.
         fault_interval_s: mean seconds between faults (exponentially distributed).
@@ -143,7 +144,9 @@ class Soak:
         next_fault = start + self.rng.expovariate(1 / self.opt.fault_interval_s)
         next_report = start + 30.0
         kill_next: str | None = None
-        while time.monotonic() < deadline and len(self.requests) < self.opt.max_requests:
+        while (time.monotonic() < deadline or not injector.every_kind_injected) and len(
+            self.requests
+        ) < self.opt.max_requests:
             now = time.monotonic()
             injector.heal(now)
             if now >= next_fault:
