@@ -104,6 +104,7 @@ class Soak:
         self.kill_lost_s = {"engine_kill": 0.0, "engine_kill_full_disk": 0.0}
         self.restart_s: list[float] = []
         self.messages: list[str] = []
+        self.conversations = 0
 
     def _say(self, line: str) -> None:
         print(line, file=self.out, flush=True)
@@ -126,7 +127,6 @@ class Soak:
             for e in engines.values():
                 e.start(self.opt.request_timeout_s)
             self._loop(engines, injector, workload)
-            injector.heal(time.monotonic(), everything=True)
         finally:
             injector.heal(time.monotonic(), everything=True)
             for e in engines.values():
@@ -265,7 +265,7 @@ class Soak:
         restarts = sorted(self.restart_s)
         return {
             "requests_served": len(self.requests),
-            "conversations": getattr(self, "conversations", 0),
+            "conversations": self.conversations,
             **{k: v for k, v in self.counts.items() if k != "corrupt_on_restart"},
             "corrupt_blocks_on_restart": self.counts["corrupt_on_restart"],
             "corrupt_blocks_at_end": corrupt_at_end,
