@@ -207,14 +207,17 @@ class Soak:
         self.counts["corrupt_on_restart"] += len(bad)
         for line in bad[:5]:
             self._say(f"soak: CORRUPT BLOCK after SIGKILL of engine {engine.name}: {line}")
-        fill = kind == "engine_kill_full_disk" and not injector.active("disk_full")
+        disk = injector.disk
+        if not disk.mounted:  # read-only directories are a configuration error at start,
+            disk.unfill()  # not a full disk: the emulation is lifted for a restart
+        fill = kind == "engine_kill_full_disk" and disk.mounted and not injector.active("disk_full")
         if fill:
-            injector.disk.fill()
+            disk.fill()
         try:
             self._restart(engine)
         finally:
             if fill:
-                injector.disk.unfill()
+                disk.unfill()
         self.kill_lost_s[kind] += time.monotonic() - t0
         self.restart_s.append(time.monotonic() - killed_at)
 
