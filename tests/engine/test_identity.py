@@ -117,7 +117,7 @@ def test_cpu_tier_holds_nothing_for_other_weights(
         for p in PROMPTS:
             llm.generate([p], max_new_tokens=4)
         assert isinstance(llm.connector, OffloadingConnector)
-        manager = llm.connector.manager
+        manager = llm.connector.scheduler.manager
 
         def keys(model: PreTrainedModel, prompt: list[int]) -> list[bytes]:
             fp = model_fingerprint(model, KVLayout.of_model(model), PAGE)
