@@ -1,7 +1,8 @@
-"""Block keys: format v1 is stable, chained, and separates models and tenants."""
+"""Block keys: format v2 is stable, chained, and separates models, weights and tenants."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 import subprocess
@@ -12,18 +13,21 @@ import pytest
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockHasher, ModelFingerprint, block_key, engine_key, root_key
 
-FP = ModelFingerprint(model_id="test-model", dtype="float16", kv_layout="L2xH2xD16", block_size=4)
+WEIGHTS = "ab" * 32
+FP = ModelFingerprint(
+    model_id="test-model", dtype="float16", kv_layout="L2xH2xD16", block_size=4, weights=WEIGHTS
+)
 
-# Golden values of format v1. If this test fails, the key format changed: that is a
+# Golden values of format v2. If this test fails, the key format changed: that is a
 # new format version (docs/keys.md), never a silent edit.
-GOLDEN_ROOT = "454186a94dc19f455d578101774739c4dbcdf5a30460f2c4e2032c9825649ab2"
+GOLDEN_ROOT = "3a3bf21b7a66c4e56ee56d608519b2ce8eb398db97dbb2e2311d9c27923782ff"
 GOLDEN_KEYS = [
-    "734ea536005d51ba9344a86084ce90398d4ceec8e60d21c9f3550d3fc0ec50b0",
-    "424ed28636d7f7917e0cb271578a5ab8060548c0a96fcdbc79d43c6e87f917d9",
+    "1e57fd7e7293d52d913c4428aee67b18e69f2df24417ad46c1c867153eda6bf0",
+    "417f12a850fbaaca897332a56257d5bbe5a93a5483ef4a34165385bd4924daee",
 ]
 
 
-def test_golden_values_of_format_v1() -> None:
+def test_golden_values_of_format_v2() -> None:
     hasher = BlockHasher(FP)
     assert hasher.root.hex() == GOLDEN_ROOT
     assert [k.hex() for k in hasher.hash_prompt(list(range(10)))] == GOLDEN_KEYS
@@ -36,14 +40,14 @@ def test_code_matches_the_documented_byte_layout() -> None:
 
     fingerprint = (
         b'{"block_size":4,"dtype":"float16","extra":[],"kv_layout":"L2xH2xD16",'
-        b'"model_id":"test-model","parallel":"tp1/rank0"}'
+        b'"model_id":"test-model","parallel":"tp1/rank0","weights":"' + WEIGHTS.encode() + b'"}'
     )
-    root = hashlib.sha256(b"kvtier/root/v1" + lp(b"sha256") + lp(fingerprint)).digest()
+    root = hashlib.sha256(b"kvtier/root/v2" + lp(b"sha256") + lp(fingerprint)).digest()
     tokens = struct.pack("<4I", 0, 1, 2, 3)
     no_extras = struct.pack("<I", 0)
-    first = hashlib.sha256(b"kvtier/block/v1" + lp(root) + lp(tokens) + no_extras).digest()
+    first = hashlib.sha256(b"kvtier/block/v2" + lp(root) + lp(tokens) + no_extras).digest()
     salted_extras = struct.pack("<I", 1) + lp(b"s" + b"tenant")
-    salted = hashlib.sha256(b"kvtier/block/v1" + lp(root) + lp(tokens) + salted_extras).digest()
+    salted = hashlib.sha256(b"kvtier/block/v2" + lp(root) + lp(tokens) + salted_extras).digest()
     hasher = BlockHasher(FP)
     assert hasher.root == root
     assert hasher.hash_prompt([0, 1, 2, 3])[0] == first
@@ -53,7 +57,7 @@ def test_code_matches_the_documented_byte_layout() -> None:
 def test_keys_are_stable_across_processes() -> None:
     code = (
         "from kvtier.keys import BlockHasher, ModelFingerprint;"
-        "fp = ModelFingerprint('test-model', 'float16', 'L2xH2xD16', 4);"
+        f"fp = ModelFingerprint('test-model', 'float16', 'L2xH2xD16', 4, weights='{WEIGHTS}');"
         "print(BlockHasher(fp).hash_prompt(list(range(10)))[-1].hex())"
     )
     out = subprocess.run(
@@ -87,9 +91,17 @@ def test_chain_can_be_extended_from_a_parent() -> None:
 def test_models_tenants_and_adapters_never_share_keys() -> None:
     tokens = list(range(8))
     base = BlockHasher(FP).hash_prompt(tokens)
-    other_dtype = ModelFingerprint("test-model", "bfloat16", "L2xH2xD16", 4)
-    other_rank = ModelFingerprint("test-model", "float16", "L2xH2xD16", 4, parallel="tp2/rank1")
+    other_dtype = dataclasses.replace(FP, dtype="bfloat16")
+    other_rank = dataclasses.replace(FP, parallel="tp2/rank1")
+    other_size = dataclasses.replace(FP, parallel="tp2/rank0")
+    other_weights = dataclasses.replace(FP, weights="cd" * 32)
+    other_layout = dataclasses.replace(FP, kv_layout="L2xH1xD32")
+    other_block = dataclasses.replace(FP, block_size=8)
     variants = [
+        BlockHasher(other_size).hash_prompt(tokens),
+        BlockHasher(other_weights).hash_prompt(tokens),
+        BlockHasher(other_layout).hash_prompt(tokens),
+        BlockHasher(other_block).hash_prompt(tokens * 2)[:2],
         BlockHasher(other_dtype).hash_prompt(tokens),
         BlockHasher(other_rank).hash_prompt(tokens),
         BlockHasher(FP).hash_prompt(tokens, cache_salt="tenant-a"),

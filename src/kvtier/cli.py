@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
         "disk": ("kvtier.bench.disk", "disk tier store/load GB/s against dd, side by side"),
         "remote": ("kvtier.bench.remote", "remote tier store/load GB/s against redis-benchmark"),
     },
+    "soak": ("kvtier.soak.cli", "the engine under random tier faults; every token checked"),
 }
 
 

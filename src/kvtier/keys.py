@@ -1,13 +1,16 @@
-"""Block keys: prefix-chained digests that name offloaded blocks (format v1).
+"""Block keys: prefix-chained digests that name offloaded blocks (format v2).
 
 Runs anywhere; pure Python (hashlib). The format is specified in ``docs/keys.md``;
 any change to the bytes hashed here is a new format version.
 
 A key commits to the model, the tenant and the whole token prefix::
 
-    root    = H("kvtier/root/v1" || alg || canonical(fingerprint))
-    key[0]  = H("kvtier/block/v1" || root   || tokens[0:B]  || extra[0])
-    key[i]  = H("kvtier/block/v1" || key[i-1] || tokens[iB:(i+1)B] || extra[i])
+    root    = H("kvtier/root/v2" || alg || canonical(fingerprint))
+    key[0]  = H("kvtier/block/v2" || root   || tokens[0:B]  || extra[0])
+    key[i]  = H("kvtier/block/v2" || key[i-1] || tokens[iB:(i+1)B] || extra[i])
+
+Format v2 added the weights digest to the fingerprint (v1 keys of two models with the
+same config but other weights were equal).
 
 Token ids are encoded as unsigned 32-bit little endian, each part is length-prefixed,
 so no two different inputs hash the same bytes. Python's ``hash()`` is never used:
@@ -26,9 +29,9 @@ from dataclasses import asdict, dataclass, field
 from kvtier.blocks import BlockHash
 from kvtier.errors import ConfigError
 
-KEY_FORMAT_VERSION = 1
-_ROOT_TAG = b"kvtier/root/v1"
-_BLOCK_TAG = b"kvtier/block/v1"
+KEY_FORMAT_VERSION = 2
+_ROOT_TAG = b"kvtier/root/v2"
+_BLOCK_TAG = b"kvtier/block/v2"
 _MAX_TOKEN = 2**32 - 1
 
 HASH_ALGORITHMS: dict[str, Callable[[bytes], bytes]] = {
@@ -42,13 +45,17 @@ class ModelFingerprint:
     """What must match for two engines to share KV bytes.
 
     Attributes:
-        model_id: model identity (name and revision, or a digest of the weights).
+        model_id: model identity: name (path or class) and a digest of the config.
         dtype: KV cache dtype, e.g. ``"float16"``.
         kv_layout: how a block's bytes are laid out (layers, heads, head size, order).
         block_size: tokens per offloaded block.
         parallel: tensor/pipeline-parallel layout and this worker's rank, e.g.
             ``"tp1/rank0"``; shards of different ranks must never mix.
         extra: anything else that changes the KV bytes (sorted ``(name, value)`` pairs).
+        weights: digest of the weights this worker holds (``kvtier.weights``; for a
+            sharded model, of this rank's shard). Empty only when ``model_id`` alone
+            names the weights exactly (an immutable revision): then two checkpoints
+            under one name would share blocks, so engines should always set it.
     """
 
     model_id: str
@@ -57,6 +64,7 @@ class ModelFingerprint:
     block_size: int
     parallel: str = "tp1/rank0"
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    weights: str = ""
 
     def canonical(self) -> bytes:
         """The fingerprint as canonical JSON bytes (sorted keys, no spaces)."""
@@ -108,7 +116,7 @@ def _check_algorithm(algorithm: str) -> Callable[[bytes], bytes]:
 
 
 def root_key(fingerprint: ModelFingerprint, algorithm: str = "sha256") -> BlockHash:
-    """The parent of every first block of this model (format v1)."""
+    """The parent of every first block of this model (format v2)."""
     digest = _check_algorithm(algorithm)
     return BlockHash(digest(_ROOT_TAG + _lp(algorithm.encode()) + _lp(fingerprint.canonical())))
 
@@ -119,7 +127,7 @@ def block_key(
     extras: BlockExtras = NO_EXTRAS,
     algorithm: str = "sha256",
 ) -> BlockHash:
-    """The key of one block given its parent's key (format v1).
+    """The key of one block given its parent's key (format v2).
 
     Raises:
         ValueError: a token id is outside ``0 .. 2**32 - 1``.

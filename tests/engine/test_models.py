@@ -93,12 +93,31 @@ def test_fingerprint_ignores_bookkeeping_but_not_the_architecture(tiny_size) -> 
     from kvtier.engine.models import model_fingerprint
 
     a = build_model(tiny_size, seed=0, device="cpu")
-    fp = model_fingerprint(a, KVShape.of_model(a), 4, None)
+    fp = model_fingerprint(a, KVShape.of_model(a), 4)
     a.config.architectures = ["LlamaForCausalLM"]
     a.config.use_cache = not a.config.use_cache
-    assert model_fingerprint(a, KVShape.of_model(a), 4, None) == fp
+    assert model_fingerprint(a, KVShape.of_model(a), 4) == fp
     a.config.rope_theta = 1234.0
-    assert model_fingerprint(a, KVShape.of_model(a), 4, None) != fp
-    assert model_fingerprint(a, KVShape.of_model(a), 4, seed=1) != model_fingerprint(
-        a, KVShape.of_model(a), 4, seed=2
+    assert model_fingerprint(a, KVShape.of_model(a), 4) != fp
+    assert model_fingerprint(a, KVShape.of_model(a), 4, parallel="tp2/rank1") != (
+        model_fingerprint(a, KVShape.of_model(a), 4, parallel="tp2/rank0")
     )
+
+
+def test_fingerprint_sees_the_weights(tiny_size) -> None:  # type: ignore[no-untyped-def]
+    # Issue 13: two models of one config and name but other weights had one fingerprint
+    # (the seed only counted for the embedded default model, never for an instance).
+    from kvtier.engine.kv_pool import KVShape
+    from kvtier.engine.models import model_fingerprint
+
+    a = build_model(tiny_size, seed=0, device="cpu")
+    b = build_model(tiny_size, seed=1, device="cpu")
+    again = build_model(tiny_size, seed=0, device="cpu")
+    fp_a = model_fingerprint(a, KVShape.of_model(a), 4)
+    fp_b = model_fingerprint(b, KVShape.of_model(b), 4)
+    assert fp_a.model_id == fp_b.model_id, "same name and config"
+    assert fp_a.weights != fp_b.weights and fp_a != fp_b
+    assert model_fingerprint(again, KVShape.of_model(again), 4) == fp_a
+    with torch.no_grad():  # one weight of one layer nudged: another model
+        again.model.layers[1].mlp.down_proj.weight[3, 5] += 0.01
+    assert model_fingerprint(again, KVShape.of_model(again), 4).weights != fp_a.weights

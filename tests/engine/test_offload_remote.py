@@ -116,8 +116,7 @@ def test_a_different_model_never_hits(
     prompts = chats()[:4]
     with remote_llm(tiny_model, redis_server.url) as llm:
         generate_all(llm, prompts)
-    other = build_model(tiny_size, seed=1, device="cpu")  # same shape, other weights
-    other.config.name_or_path = "other-model"
+    other = build_model(tiny_size, seed=1, device="cpu")  # same name and config, other weights
     with remote_llm(other, redis_server.url) as llm:
         _, remote_hits, _ = generate_all(llm, prompts)
     assert remote_hits == 0

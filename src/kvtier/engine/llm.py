@@ -103,8 +103,7 @@ class LLM:
             self.model = load_model(model, device=device, seed=seed)
         layout = KVShape.of_model(self.model)
         self.pool = KVPool(layout, num_gpu_blocks, block_size, self.model.device)
-        default_seed = seed if model is None else None
-        fingerprint = model_fingerprint(self.model, layout, block_size, default_seed)
+        fingerprint = model_fingerprint(self.model, layout, block_size)
         hasher = BlockHasher(
             fingerprint, offload_config.hash_algorithm if offload_config else "sha256"
         )

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Pr
 from kvtier.engine.kv_pool import KVShape
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint
+from kvtier.weights import weights_digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +185,13 @@ a checkpoint); the dtype is part of the fingerprint on its own."""
 
 
 def model_fingerprint(
-    model: PreTrainedModel, layout: KVShape, block_size: int, seed: int | None
+    model: PreTrainedModel, layout: KVShape, block_size: int, parallel: str = "tp1/rank0"
 ) -> ModelFingerprint:
-    """The identity block keys and stored blocks are rooted in (``kvtier.keys``).
+    """The identity block keys and stored blocks are rooted in (``kvtier.keys``, ``docs/keys.md``).
 
-    It names the model (its path or class, a digest of its config, and the weights
-    seed of the embedded default model), the KV dtype and layout, and the page size.
+    It names the model (its path or class and a digest of its config), digests its
+    weights as loaded (``kvtier.weights``: the only part that costs anything, once per
+    load), and records the KV dtype and layout, the page size and the parallel layout.
     Two engines share offloaded blocks only when all of these match.
     """
     config = model.config
@@ -197,13 +199,14 @@ def model_fingerprint(
     canonical = json.dumps(fields, sort_keys=True, default=str)
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
     name = getattr(config, "name_or_path", "") or type(model).__name__
-    model_id = f"{name}|config={digest}" + (f"|seed={seed}" if seed is not None else "")
     return ModelFingerprint(
-        model_id=model_id,
+        model_id=f"{name}|config={digest}",
         dtype=str(layout.dtype).removeprefix("torch."),
         kv_layout=(
             f"(2,blocks,block_size,heads,head_dim) layers={layout.num_layers} "
             f"kv_heads={layout.num_kv_heads} head_dim={layout.head_dim}"
         ),
         block_size=block_size,
+        parallel=parallel,
+        weights=weights_digest(model.state_dict().items()),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -48,6 +49,8 @@ from kvtier.media.disk_layout import (
     fingerprint_dir,
     scan,
 )
+
+_log = logging.getLogger(__name__)
 
 
 def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
@@ -145,7 +148,7 @@ class DiskStore:
 
         Raises:
             ConfigError: path not a writable directory, capacity not positive or
-                larger than the free space, direct I/O required but unsupported,
+                larger than the file system, direct I/O required but unsupported,
                 or the directory is in use by another process.
         """
         if not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
@@ -182,7 +185,16 @@ class DiskStore:
         try:
             check_free_space(path, capacity_bytes, held=None)  # before the scan
             store._recover()
-            check_free_space(path, capacity_bytes, held=store._used)
+            vfs = os.statvfs(directory)
+            available = vfs.f_bavail * vfs.f_frsize + store._used
+            if capacity_bytes > available:  # a full disk is a fault, not a configuration:
+                _log.warning(  # the engine starts; stores fail until space returns
+                    "disk tier at %s: %d bytes asked, %d available (free space plus this "
+                    "cache's blocks); stores will fail until space is freed",
+                    path,
+                    capacity_bytes,
+                    available,
+                )
         except BaseException:
             store.close()
             raise

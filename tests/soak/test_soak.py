@@ -1,0 +1,102 @@
+"""``kvtier soak``: a short run with every fault kind, and the checks it relies on.
+
+The run is short (a 12 s serving loop; starting three processes and restarting one
+take longer on a shared machine), so its figures are checked for what must hold in
+any run: every kind of fault injected, no wrong token, no crash, no corrupt block,
+every request compared in full.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.cli import main
+from kvtier.media.disk import DiskStore
+from kvtier.soak.disk import DiskArea
+from kvtier.soak.faults import FAULT_KINDS
+from kvtier.soak.runner import Soak, SoakOptions
+from kvtier.soak.workload import Turn
+from tests.redis_server import require_redis
+
+
+def test_a_short_soak_injects_every_fault_and_serves_every_token_right(tmp_path: Path) -> None:
+    require_redis()
+    out = tmp_path / "soak.json"
+    argv = ["soak", "--duration", "12", "--fault-interval", "0.5", "--seed", "3"]
+    assert main([*argv, "--json", str(out), "--workdir", str(tmp_path)]) == 0
+    figures = json.loads(out.read_text())["results"]
+    assert all(figures["faults"][kind] >= 1 for kind in FAULT_KINDS), figures["faults"]
+    assert figures["wrong_tokens"] == 0
+    assert figures["engine_crashes"] == 0
+    assert figures["corrupt_blocks_on_restart"] == 0 and figures["corrupt_blocks_at_end"] == 0
+    assert figures["requests_served"] > 0
+    assert figures["tokens_compared"] == 8 * figures["requests_served"]
+    kills = figures["faults"]["engine_kill"] + figures["faults"]["engine_kill_full_disk"]
+    assert figures["engine_restarts"] == kills
+    assert list(tmp_path.iterdir()) == [out], "the soak left its scratch directory behind"
+
+
+def test_wrong_tokens_are_counted_position_by_position(tmp_path: Path) -> None:
+    soak = Soak(SoakOptions(), tmp_path, out=io.StringIO())
+    turn = Turn(conversation=0, prompt=(1, 2), expected=(5, 6, 7, 8))
+    reply = {"failed_loads": 2, "loaded_blocks": 3, "hits": {"DISK": 3}, "gpu_hit_blocks": 1}
+    soak._check(turn, {**reply, "tokens": [5, 6, 7, 8]})
+    soak._check(turn, {**reply, "tokens": [5, 0, 7]})  # one wrong, one missing
+    assert soak.counts["wrong_tokens"] == 2
+    assert soak.counts["tokens_compared"] == 8
+    assert soak.counts["failed_loads_recomputed"] == 4
+    assert soak.hits == {"DISK": 6, "GPU": 2}
+    assert "WRONG TOKENS" in soak.out.getvalue()  # type: ignore[attr-defined]
+
+
+def block_store(directory: Path) -> tuple[DiskStore, list[bytes]]:
+    store = DiskStore.open(directory, b"\x07" * 32, 1 << 20)
+    keys = [bytes([i]) * 32 for i in range(1, 5)]
+    for key in keys:
+        store.write(key, np.full(8192, key[0], dtype=np.uint8))
+    return store, keys
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_the_restart_check_finds_damage_the_soak_did_not_do(tmp_path: Path, how: str) -> None:
+    area = DiskArea.__new__(DiskArea)  # the checks only; no tmpfs
+    area.root = tmp_path
+    store, _ = block_store(area.engine_dir("a"))
+    store.close()
+    assert area.corrupt_blocks("a", set()) == []
+    damaged = area.damage("a", how, random.Random(how == "flip"))
+    assert damaged is not None
+    if how == "flip":  # a flip in the zero padding of the header region is harmless
+        with open(damaged, "r+b") as f:
+            f.seek(5000)
+            byte = f.read(1)
+            f.seek(5000)
+            f.write(bytes([byte[0] ^ 1]))
+    found = area.corrupt_blocks("a", set())
+    assert len(found) == 1 and found[0].startswith(damaged.name)
+    assert area.corrupt_blocks("a", {damaged}) == [], "damage the soak did is not counted"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_full_disk_is_a_real_enospc_and_comes_back(tmp_path: Path) -> None:
+    area = DiskArea(tmp_path / "disk", 4 * 2**20)
+    try:
+        assert area.mounted
+        taken = area.fill()
+        assert 4 * 2**20 - 65536 <= taken <= 4 * 2**20
+        with pytest.raises(OSError) as err:
+            (area.root / "more").write_bytes(b"x" * 65536)
+        assert err.value.errno == errno.ENOSPC
+        area.unfill()
+        (area.root / "more").write_bytes(b"x" * 65536)
+    finally:
+        area.close()
+    assert not area.mounted
