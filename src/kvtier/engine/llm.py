@@ -32,6 +32,7 @@ from kvtier.engine.scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockHasher
+from kvtier.observability.engine import Observability
 from kvtier.spec import KVGeometry, OffloadingSpec
 
 _POLL_INTERVAL_S = 1e-4
@@ -57,6 +58,13 @@ class LLM:
         seed: the default model's weights seed.
         max_batch_size: most requests admitted and decoded together.
         prefill_chunk: most tokens one prefill forward pass runs.
+        metrics_port: serve Prometheus metrics at ``/metrics`` on this TCP port (0: a
+            free one, see ``metrics_url``); ``None``: not served, but ``metrics``
+            still holds this engine's registry to mount elsewhere.
+        metrics_host: the address ``/metrics`` is served on (default loopback).
+        kv_events: publish KV events over ZeroMQ in vLLM's format, e.g.
+            ``{"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}``
+            (``docs/observability.md``); needs ``offload``.
 
     Raises:
         ConfigError: an argument is invalid (the message names it).
@@ -73,6 +81,9 @@ class LLM:
         max_batch_size: int = 8,
         prefill_chunk: int = 2048,
         connector: Connector | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        kv_events: Mapping[str, Any] | None = None,
     ) -> None:
         for key, value in (
             ("num_gpu_blocks", num_gpu_blocks),
@@ -91,6 +102,10 @@ class LLM:
                 "offload", f"must be a dict of offloading keys or None, got {offload!r}"
             )
         offload_config = OffloadingConfig.from_dict(offload) if offload is not None else None
+        self._obs = Observability(metrics_port, metrics_host, kv_events)
+        self.metrics = self._obs.metrics
+        """This engine's ``EngineMetrics`` (its ``registry`` can be mounted), or ``None``
+        without ``prometheus_client``."""
         if isinstance(model, PreTrainedModel):
             self.model = model
             self.model.train(False)  # eval mode
@@ -119,6 +134,11 @@ class LLM:
         self.runner = ModelRunner(self.model, self.pool)
         connector.register_kv_caches(self.pool.kv_caches, block_size)
         self.connector = connector
+        try:
+            self._obs.start(connector)
+        except BaseException:
+            connector.close()
+            raise
         self.last_stats: EngineStats | None = None
         self._ids = itertools.count()
 
@@ -153,17 +173,29 @@ class LLM:
         while self.scheduler.has_held:  # stores still reading finished requests' pages
             self.scheduler.release(self.connector.poll())
             time.sleep(_POLL_INTERVAL_S)
-        self.last_stats = EngineStats(
-            requests=tuple(r.stats(start) for r in requests),
-            block_size=self.pool.block_size,
-            wall_s=wall_s,
-            offload=self.connector.take_stats(),
+        self.last_stats = self._obs.finish_generate(
+            EngineStats(
+                requests=tuple(r.stats(start) for r in requests),
+                block_size=self.pool.block_size,
+                wall_s=wall_s,
+                offload=self.connector.take_stats(),
+            )
         )
         return [list(r.output_token_ids) for r in requests]
 
+    @property
+    def metrics_url(self) -> str | None:
+        """Where ``/metrics`` is served, or ``None``."""
+        server = self._obs.server
+        return None if server is None else server.url
+
     def close(self) -> None:
-        """Let offloading finish its work in flight, then release its memory and files."""
-        self.connector.close()
+        """Let offloading finish its work in flight, then release its memory and files;
+        publish the last KV events and stop serving metrics."""
+        try:
+            self.connector.close()
+        finally:
+            self._obs.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from kvtier.blocks import Medium
@@ -47,6 +47,11 @@ class TransferResult:
     def failed(cls, job_id: int, error: str) -> TransferResult:
         """A failed result that moved nothing."""
         return cls(job_id=job_id, success=False, bytes_moved=0, seconds=0.0, error=error)
+
+
+TransferObserver = Callable[[TransferSpec | None, TransferResult], None]
+"""Called with each finished job's spec (``None`` if submitted before the observer was
+added) and result; see ``OffloadingWorker.add_observer``."""
 
 
 class OffloadingHandler(abc.ABC):
@@ -100,6 +105,13 @@ class OffloadingWorker:
         self._handlers: dict[tuple[Medium, Medium], OffloadingHandler] = {}
         self._pending: dict[int, OffloadingHandler] = {}
         self._failed: list[TransferResult] = []
+        self._observers: list[TransferObserver] = []
+        self._specs: dict[int, TransferSpec] = {}  # jobs in flight, kept for observers
+
+    def add_observer(self, observer: TransferObserver) -> None:
+        """Call ``observer(spec, result)`` for every job ``get_finished`` reports, in the
+        caller's thread, before returning (metrics and failure logs; it must not raise)."""
+        self._observers.append(observer)
 
     def register_handler(self, src: Medium, dst: Medium, handler: OffloadingHandler) -> None:
         """Send jobs from ``src`` to ``dst`` to ``handler``.
@@ -124,6 +136,8 @@ class OffloadingWorker:
         """
         if job_id in self._pending or any(r.job_id == job_id for r in self._failed):
             raise ProtocolError(f"job {job_id} is already in flight")
+        if self._observers:
+            self._specs[job_id] = spec
         try:
             src, dst = spec_media(spec)
         except (TypeError, ValueError, AttributeError) as exc:
@@ -163,6 +177,14 @@ class OffloadingWorker:
             for result in done:
                 if self._pending.pop(result.job_id, None) is not None:
                     results.append(result)
+        if self._observers:
+            for result in results:
+                spec = self._specs.pop(result.job_id, None)
+                for observer in self._observers:
+                    try:
+                        observer(spec, result)
+                    except Exception:
+                        logger.exception("transfer observer %r raised", observer)
         return results
 
     def wait(self, job_ids: Iterable[int]) -> None:
