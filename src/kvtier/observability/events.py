@@ -6,7 +6,7 @@ its own classes, unchanged. The classes below are written for kvtier; their enco
 matches vLLM's field by field:
 
 * ``KVEventBatch`` is a msgpack **array** ``[ts, events, data_parallel_rank]``
-  (``array_like``; ``data_parallel_rank`` is left out when ``None``).
+  (``array_like``; the publisher stamps the rank, 0 by default).
 * Each event is a msgpack **map** tagged ``"type"`` with the class name
   (``"BlockStored"``, ``"BlockRemoved"``, ``"AllBlocksCleared"``); fields whose value
   is their default are left out (``omit_defaults``).

@@ -30,7 +30,6 @@ import logging
 import re
 import threading
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 from kvtier.blocks import Medium
 
@@ -57,7 +56,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("corrupt", r"failed verification|checksum|corrupt|truncated"),
         ("full", r"\[Errno (28|122)\]|No space left|quota exceeded|tier full"),
         ("unwritable", r"\[Errno (1|13|30)\]|Permission denied|Read-only file system"),
-        ("refused", r"values? refused|OOM|maxmemory"),
+        ("refused", r"values? refused|\bOOM\b|maxmemory"),
         (
             "unreachable",
             r"unhealthy|ConnectionError|TimeoutError|Connection refused|timed out|"
@@ -106,12 +105,7 @@ _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 def redact_url(url: str) -> str:
     """``url`` without its user name and password (``redis://:pw@h:1/0`` -> ``redis://h:1/0``)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return _USERINFO.sub("", url)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=netloc))
+    return _USERINFO.sub("", url)
 
 
 class FailureLog:

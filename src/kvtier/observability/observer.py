@@ -150,6 +150,8 @@ class EngineObserver:
         """After the connector closed: the last events, then ``AllBlocksCleared``."""
         self._watch_shared()
         if self.metrics is not None:
+            for key, n in self.failures.take().items():  # jobs finished after the last call
+                self.metrics.failed.labels(key.tier, key.op, key.reason).inc(n)
             self._record_managers()
         self._publish(self.manager.take_events(), cleared=True)
         if self.publisher is not None:
@@ -163,7 +165,7 @@ class EngineObserver:
             breaker = store.breaker
             error = breaker.last_error
             if error is not None and breaker.state.value != "healthy":
-                self.failures.log_once(medium, classify(error), f"not answering: {error}")
+                self.failures.log_once(medium, classify(error), f"the store failed: {error}")
             if self.metrics is not None:
                 outages = self._delta(f"outages.{medium}", store.outages)
                 self.metrics.outages.labels(medium).inc(outages)

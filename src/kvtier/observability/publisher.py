@@ -12,9 +12,11 @@ Wire protocol (the same as vLLM's, so its subscribers work unchanged):
 * PUB sends three frames per batch: ``topic`` (UTF-8), the batch's sequence number
   (8 bytes, big-endian, from 0), and the msgpack payload (``events.KVEventBatch``).
 * With a ``replay_endpoint`` a ROUTER socket answers a request ``(b"", start_seq)``
-  (a REQ or DEALER socket's frames; ``start_seq`` 8 bytes big-endian) with every
+  (a DEALER's frames, or a REQ's ``start_seq`` alone; 8 bytes big-endian) with every
   buffered batch whose number is ``>= start_seq``, each as
   ``(b"", topic, seq, payload)``, then ``(b"", b"", -1 as 8 signed bytes, b"")``.
+  A DEALER receives them all; a REQ socket (as in vLLM's example subscriber) keeps
+  only the first reply of each request, as it does with vLLM's publisher.
 * An endpoint with ``*`` or ``::`` in it, or an ``ipc://`` / ``inproc://`` one, is
   bound; any other is connected to (a subscriber that binds). The replay endpoint is
   always bound.
@@ -130,7 +132,11 @@ class ZmqEventPublisher:
         self.dropped = 0
         """Batches dropped because the queue to the publisher thread was full."""
         self._topic = config.topic.encode()
-        self._queue: queue.Queue[EventBatch | None] = queue.Queue(config.max_queue_size)
+        self.published = 0
+        """Batches queued so far; the next batch gets this sequence number."""
+        self._queue: queue.Queue[tuple[int, EventBatch] | None] = queue.Queue(
+            config.max_queue_size
+        )
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         ctx = context or zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
@@ -168,9 +174,11 @@ class ZmqEventPublisher:
         if batch.data_parallel_rank is None:
             batch.data_parallel_rank = self.config.data_parallel_rank
         try:
-            self._queue.put_nowait(batch)
+            self._queue.put_nowait((self.published, batch))
         except queue.Full:
             self.dropped += 1
+            return
+        self.published += 1
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Send what is queued (up to ``timeout_s``), then close the sockets."""
@@ -187,16 +195,16 @@ class ZmqEventPublisher:
 
     def _serve(self) -> None:
         encoder = msgspec.msgpack.Encoder()
-        seq = 0
         while True:
             if self._replay is not None and self._replay.poll(0):
                 self._answer_replay()
             try:
-                batch = self._queue.get(timeout=0.05)
+                item = self._queue.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if batch is None:
+            if item is None:
                 return
+            seq, batch = item
             payload = encoder.encode(batch)
             seq_bytes = seq.to_bytes(8, "big")
             try:
@@ -204,7 +212,6 @@ class ZmqEventPublisher:
             except zmq.ZMQError:
                 logger.exception("KV event batch %d could not be sent", seq)
             self._buffer.append((seq, payload))
-            seq += 1
 
     def _answer_replay(self) -> None:
         assert self._replay is not None
