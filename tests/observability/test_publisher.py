@@ -62,20 +62,26 @@ def test_batches_arrive_with_topic_and_sequence_and_replay_serves_the_buffer(
         for seq, batch in seen.items():
             assert batch == KVEventBatch(ts=float(seq), events=[BlockRemoved([seq], "CPU")],
                                          data_parallel_rank=0)  # fmt: skip
-        # Replay from 0: only the last buffer_steps batches are kept.
-        req.send_multipart((b"", (0).to_bytes(8, "big")))
-        replayed = []
-        while True:
-            frames = _recv(req)
-            if frames[2] == END_SEQ:
-                assert frames == [b"", b"", END_SEQ, b""]
-                break
-            empty, topic, seq, payload = frames
-            assert empty == b""
-            replayed.append((topic, int.from_bytes(seq, "big"), decoder.decode(payload)))
         n = pub.published
-        assert [s for _, s, _ in replayed] == [n - 3, n - 2, n - 1]
-        assert all(t == b"kv" and b == seen[s] for t, s, b in replayed)
+
+        def replay(start: int) -> list[tuple[bytes, int, KVEventBatch]]:
+            req.send_multipart((b"", start.to_bytes(8, "big")))
+            replayed = []
+            while True:
+                frames = _recv(req)
+                if frames[2] == END_SEQ:
+                    assert frames == [b"", b"", END_SEQ, b""]
+                    return replayed
+                empty, topic, seq, payload = frames
+                assert empty == b""
+                replayed.append((topic, int.from_bytes(seq, "big"), decoder.decode(payload)))
+
+        # Only the last buffer_steps batches are kept; a replay starts where asked.
+        assert [s for _, s, _ in replay(0)] == [n - 3, n - 2, n - 1]
+        tail = replay(n - 2)
+        assert [s for _, s, _ in tail] == [n - 2, n - 1]
+        assert all(t == b"kv" and b == seen[s] for t, s, b in tail)
+        assert replay(n) == []
     finally:
         pub.close()
         sub.close(linger=0)

@@ -102,8 +102,8 @@ class LLM:
                 "offload", f"must be a dict of offloading keys or None, got {offload!r}"
             )
         offload_config = OffloadingConfig.from_dict(offload) if offload is not None else None
-        self._obs = Observability(metrics_port, metrics_host, kv_events)
-        self.metrics = self._obs.metrics
+        self.observability = Observability(metrics_port, metrics_host, kv_events)
+        self.metrics = self.observability.metrics
         """This engine's ``EngineMetrics`` (its ``registry`` can be mounted), or ``None``
         without ``prometheus_client``."""
         if isinstance(model, PreTrainedModel):
@@ -135,7 +135,7 @@ class LLM:
         connector.register_kv_caches(self.pool.kv_caches, block_size)
         self.connector = connector
         try:
-            self._obs.start(connector)
+            self.observability.start(connector)
         except BaseException:
             connector.close()
             raise
@@ -173,7 +173,7 @@ class LLM:
         while self.scheduler.has_held:  # stores still reading finished requests' pages
             self.scheduler.release(self.connector.poll())
             time.sleep(_POLL_INTERVAL_S)
-        self.last_stats = self._obs.finish_generate(
+        self.last_stats = self.observability.finish_generate(
             EngineStats(
                 requests=tuple(r.stats(start) for r in requests),
                 block_size=self.pool.block_size,
@@ -186,7 +186,7 @@ class LLM:
     @property
     def metrics_url(self) -> str | None:
         """Where ``/metrics`` is served, or ``None``."""
-        server = self._obs.server
+        server = self.observability.server
         return None if server is None else server.url
 
     def close(self) -> None:
@@ -195,7 +195,7 @@ class LLM:
         try:
             self.connector.close()
         finally:
-            self._obs.close()
+            self.observability.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -134,9 +134,7 @@ class ZmqEventPublisher:
         self._topic = config.topic.encode()
         self.published = 0
         """Batches queued so far; the next batch gets this sequence number."""
-        self._queue: queue.Queue[tuple[int, EventBatch] | None] = queue.Queue(
-            config.max_queue_size
-        )
+        self._queue: queue.Queue[tuple[int, EventBatch] | None] = queue.Queue(config.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
         ctx = context or zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
