@@ -105,7 +105,13 @@ class Observability:
 
     def finish_generate(self, stats: EngineStats) -> EngineStats:
         """A ``generate`` call's stats, with its failures; recorded and published."""
-        return stats if self.observer is None else self.observer.finish_generate(stats)
+        if self.observer is not None:
+            return self.observer.finish_generate(stats)
+        if self.metrics is not None:  # no offloading: the engine's own counters still count
+            from kvtier.observability.observer import record_stats
+
+            record_stats(self.metrics, stats, stats.block_size)
+        return stats
 
     def close(self) -> None:
         """After the connector closed: last events, then stop publishing and serving."""

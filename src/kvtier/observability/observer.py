@@ -176,24 +176,8 @@ class EngineObserver:
         return delta
 
     def _record(self, stats: EngineStats) -> None:
-        m = self.metrics
-        assert m is not None
-        m.requests.inc(len(stats.requests))
-        m.prompt_tokens.inc(stats.prompt_tokens)
-        m.computed_tokens.inc(sum(r.computed_tokens for r in stats.requests))
-        m.preemptions.inc(sum(r.preemptions for r in stats.requests))
-        for r in stats.requests:
-            m.ttft.observe(r.ttft_s)
-        m.hit_blocks.labels(Medium.GPU).inc(stats.gpu_hit_blocks)
-        m.hit_tokens.labels(Medium.GPU).inc(stats.gpu_hit_tokens)
-        off = stats.offload
-        for medium, n in off.hit_blocks.items():
-            m.hit_blocks.labels(medium).inc(n)
-            m.hit_tokens.labels(medium).inc(n * self.block_size)
-        for key, n in off.failures.items():
-            m.failed.labels(key.tier, key.op, key.reason).inc(n)
-        m.refused.labels(Medium.CPU, "store").inc(off.refused_stores)
-        m.refused.labels(Medium.CPU, "load").inc(off.refused_loads)
+        assert self.metrics is not None
+        record_stats(self.metrics, stats, self.block_size)
         self._record_managers()
 
     def _record_managers(self) -> None:
@@ -228,3 +212,24 @@ class EngineObserver:
             for event in out:
                 self.metrics.events.labels(type(event).__name__).inc()
             self.metrics.event_batches_dropped.inc(self._delta("dropped", self.publisher.dropped))
+
+
+def record_stats(m: EngineMetrics, stats: EngineStats, offload_block_size: int) -> None:
+    """Add one ``generate`` call's stats to the counters (with or without offloading)."""
+    m.requests.inc(len(stats.requests))
+    m.prompt_tokens.inc(stats.prompt_tokens)
+    m.computed_tokens.inc(sum(r.computed_tokens for r in stats.requests))
+    m.preemptions.inc(sum(r.preemptions for r in stats.requests))
+    for r in stats.requests:
+        m.ttft.observe(r.ttft_s)
+    m.hit_blocks.labels(Medium.GPU).inc(stats.gpu_hit_blocks)
+    m.hit_tokens.labels(Medium.GPU).inc(stats.gpu_hit_tokens)
+    off = stats.offload
+    for medium, n in off.hit_blocks.items():
+        m.hit_blocks.labels(medium).inc(n)
+        m.hit_tokens.labels(medium).inc(n * offload_block_size)
+    for key, n in off.failures.items():
+        m.failed.labels(key.tier, key.op, key.reason).inc(n)
+    if off.refused_stores or off.refused_loads:
+        m.refused.labels(Medium.CPU, "store").inc(off.refused_stores)
+        m.refused.labels(Medium.CPU, "load").inc(off.refused_loads)
