@@ -99,3 +99,32 @@ def test_a_run_is_scraped_while_it_runs_and_its_last_scrape_matches_the_report(
     # Offloading did work, so the equalities above are not all zeros.
     assert doc["cpu+disk"]["offload_totals"]["bytes_loaded"] > 0
     assert doc["cpu+disk"]["offload_hit_tokens"].get("DISK", 0) > 0
+
+
+def test_the_report_names_failed_blocks_by_tier_operation_and_reason() -> None:
+    from kvtier.blocks import Medium
+    from kvtier.engine import OffloadStats
+    from kvtier.observability.failures import FailureKey
+    from kvtier.run.configs import Configuration
+    from kvtier.run.job import ConfigRun, TurnResult
+    from kvtier.run.report import format_report, summarize, to_json
+
+    turn = TurnResult(0, 0, 100, 0, 0.5, 0, {}, 0, 100, (1,))
+    a = OffloadStats(failures={FailureKey(Medium.REMOTE, "store", "unreachable"): 7})
+    b = OffloadStats(
+        failures={
+            FailureKey(Medium.REMOTE, "store", "unreachable"): 5,
+            FailureKey(Medium.DISK, "store", "full"): 2,
+        }
+    )
+    run = ConfigRun(Configuration("cpu", {"cpu_bytes_to_use": 1}), (turn,), a + b)
+    summary = summarize(run, 0)
+    text = format_report([summary], (), 0, {0: 0})
+    assert "cpu: FAILED blocks by tier, operation and reason: DISK store full 2, " in text
+    assert "REMOTE store unreachable 12" in text
+    doc = to_json([run], [summary], ())
+    assert doc["configurations"]["cpu"]["offload_totals"]["failures"] == {
+        "DISK store full": 2,
+        "REMOTE store unreachable": 12,
+    }
+    json.dumps(doc)  # plain JSON
