@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,6 @@ from kvtier import cli
 from kvtier.engine import LLM
 from kvtier.engine.stats import EngineStats
 from kvtier.run import job
-from tests.redis_server import free_port
 
 from .engine_run import scrape
 
@@ -38,8 +38,7 @@ def test_a_run_is_scraped_while_it_runs_and_its_last_scrape_matches_the_report(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
+    printed: list[str] = []  # what the run printed so far (the URL is among it)
     scrapes: list[dict[Any, float]] = []
     warmups: list[EngineStats] = []  # each engine's first call: counted by metrics, not reports
 
@@ -52,15 +51,19 @@ def test_a_run_is_scraped_while_it_runs_and_its_last_scrape_matches_the_report(
                 self.warmed = True
                 assert self.last_stats is not None
                 warmups.append(self.last_stats)
+            printed.append(capsys.readouterr().out)
+            (url,) = re.findall(r"^metrics: (http://\S+)", "".join(printed), re.MULTILINE)
             scrapes.append(scrape(url))
             return out
 
     monkeypatch.setattr(job, "LLM", ScrapedLLM)
     out = tmp_path / "run.json"
     argv = ["run", "--model", str(tiny_checkpoint), *TINY_ARGS, "--json", str(out),
-            "--metrics-port", str(port)]  # fmt: skip
-    assert cli.main(argv) == 0
-    assert f"metrics: {url}" in capsys.readouterr().out
+            "--metrics-port", "0"]  # fmt: skip
+    rc = cli.main(argv)
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err[-3000:]
+    assert "127.0.0.1:" in "".join(printed)  # loopback by default
     doc = json.loads(out.read_text())["results"]["configurations"]
     final = _parse(out.with_suffix(".prom").read_text())
 
