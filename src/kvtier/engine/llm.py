@@ -102,6 +102,8 @@ class LLM:
                 "offload", f"must be a dict of offloading keys or None, got {offload!r}"
             )
         offload_config = OffloadingConfig.from_dict(offload) if offload is not None else None
+        if kv_events is not None and offload is None and connector is None:
+            raise ConfigError("kv_events", "needs offload=...: events come from its tiers")
         self.observability = Observability(metrics_port, metrics_host, kv_events)
         self.metrics = self.observability.metrics
         """This engine's ``EngineMetrics`` (its ``registry`` can be mounted), or ``None``

@@ -140,20 +140,29 @@ class EngineObserver:
                 merged[key] = merged.get(key, 0) + n
             offload = dataclasses.replace(stats.offload, failures=merged)
             stats = dataclasses.replace(stats, offload=offload)
-        self._watch_shared()
         if self.metrics is not None:
-            self._record(stats)
-        self._publish(self.manager.take_events())
+            record_stats(self.metrics, stats, self.block_size)
+        self.step()
         return stats
 
-    def close(self) -> None:
-        """After the connector closed: the last events, then ``AllBlocksCleared``."""
+    def step(self) -> None:
+        """Record the managers' counters and publish their events.
+
+        ``finish_generate`` calls it; an engine without ``EngineStats`` (an adapter
+        inside another engine) calls it once per step instead, and its failures go
+        to the metrics here.
+        """
         self._watch_shared()
         if self.metrics is not None:
-            for key, n in self.failures.take().items():  # jobs finished after the last call
+            for key, n in self.failures.take().items():
                 self.metrics.failed.labels(key.tier, key.op, key.reason).inc(n)
             self._record_managers()
-        self._publish(self.manager.take_events(), cleared=True)
+        self._publish(self.manager.take_events())
+
+    def close(self) -> None:
+        """After the connector closed: the last counts and events, then ``AllBlocksCleared``."""
+        self.step()
+        self._publish([], cleared=True)
         if self.publisher is not None:
             self.publisher.close()
 
@@ -174,11 +183,6 @@ class EngineObserver:
         delta = value - self._seen.get(name, 0)
         self._seen[name] = value
         return delta
-
-    def _record(self, stats: EngineStats) -> None:
-        assert self.metrics is not None
-        record_stats(self.metrics, stats, self.block_size)
-        self._record_managers()
 
     def _record_managers(self) -> None:
         m, d = self.metrics, self._delta
