@@ -24,7 +24,7 @@ from kvtier.engine import LLM, OffloadStats
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.observability.failures import FailureKey
 from kvtier.scheduler.tiering import TieredManager
-from tests.redis_server import free_port
+from tests.redis_server import RedisServer, free_port, require_redis
 
 from .engine_run import BLOCK_BYTES, GPU_BLOCKS, PAGE, chats, disk_cfg
 
@@ -85,13 +85,46 @@ def test_an_unreachable_redis_is_logged_once_and_every_write_counted(
         assert _metric(llm, "REMOTE", "store", "unreachable") == failed
         assert failed == totals.stored_blocks  # every block stored in CPU failed to go on
         assert llm.metrics is not None
-        outages = llm.metrics.registry.get_sample_value(
-            "kvtier_tier_outages_total", {"tier": "REMOTE"}
-        )
+        registry = llm.metrics.registry
+        outages = registry.get_sample_value("kvtier_tier_outages_total", {"tier": "REMOTE"})
         assert outages is not None and outages >= 1
+        states = {
+            state: registry.get_sample_value(
+                "kvtier_tier_breaker_state", {"tier": "REMOTE", "state": state}
+            )
+            for state in ("healthy", "unhealthy", "probing")
+        }
+        assert states["healthy"] == 0 and states["unhealthy"] + states["probing"] == 1
     (line,) = _warnings(caplog)
     assert line.startswith(f"REMOTE tier at {url}: unreachable: ")
     assert len(outputs) == len(prompts) and all(len(o) == 4 for o in outputs)
+
+
+def test_a_reachable_redis_counts_its_writes_and_reads_healthy(
+    tiny_model: PreTrainedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    require_redis()
+    server = RedisServer(tmp_path / "redis", ["--maxmemory", "64mb"]).start()
+    cfg = {"cpu_bytes_to_use": 24 * BLOCK_BYTES, "block_size": PAGE, "remote_url": server.url}
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger=LOGGER),
+            LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=cfg) as llm,
+        ):
+            totals, _ = _serve(llm, chats())
+            assert isinstance(llm.connector, OffloadingConnector)
+            manager = llm.connector.manager
+            assert isinstance(manager, TieredManager)
+            assert llm.metrics is not None
+            registry = llm.metrics.registry
+            assert totals.failures == {} and manager.stats().write_failures == 0
+            written = registry.get_sample_value("kvtier_written_blocks_total", {"tier": "REMOTE"})
+            assert written == manager.stats().writes == totals.stored_blocks
+            healthy = {"tier": "REMOTE", "state": "healthy"}
+            assert registry.get_sample_value("kvtier_tier_breaker_state", healthy) == 1
+        assert _warnings(caplog) == []
+    finally:
+        server.stop()
 
 
 @contextlib.contextmanager
