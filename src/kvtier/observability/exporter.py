@@ -9,7 +9,7 @@ and keys of nothing, but an operator opens them to a network on purpose.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from prometheus_client import start_http_server
 from prometheus_client.metrics_core import Metric
@@ -97,7 +97,3 @@ class LabeledRegistries(Collector):
                 for s in family.samples:
                     out.samples.append(s._replace(labels={self.label: name, **s.labels}))
         return list(merged.values())
-
-    def __iter__(self) -> Iterator[tuple[str, Collector]]:
-        with self._lock:
-            return iter(list(self._parts))
