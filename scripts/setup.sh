@@ -29,7 +29,8 @@ want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[engine,remote,dev]" \
-    "ruff==0.17.6" "mypy==2.4.1" "pytest==9.2.0" "pytest-timeout==2.4.0" "hypothesis==6.170.15"
+  python -m pip install -q -e ".[engine,remote,metrics,dev]" \
+    "ruff==0.17.6" "mypy==2.4.1" "pytest==9.2.0" "pytest-timeout==2.4.0" "hypothesis==6.170.15" \
+    "prometheus-client==0.26.0" "pyzmq==27.3.0" "msgspec==0.22.0"
   echo "$want" > "$stamp"
 fi

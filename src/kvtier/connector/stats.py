@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvtier.blocks import Medium
+from kvtier.observability.failures import FailureKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,9 @@ class OffloadStats:
         refused_stores: blocks not stored because the tier could not make room.
         refused_loads: offloaded hits not loaded because the CPU tier could not make
             room to promote them from a secondary tier (recomputed; nothing failed).
+        failures: blocks whose load or store failed, by tier, operation and reason --
+            every tier, write-through to secondary tiers included (filled by the
+            engine from finished jobs; see ``kvtier.observability.failures``).
     """
 
     hit_blocks: Mapping[Medium, int] = field(default_factory=dict)
@@ -39,18 +43,21 @@ class OffloadStats:
     failed_stores: int = 0
     refused_stores: int = 0
     refused_loads: int = 0
+    failures: Mapping[FailureKey, int] = field(default_factory=dict)
 
     def __add__(self, other: OffloadStats) -> OffloadStats:
-        """Both counts added (per tier for ``hit_blocks``): totals over several calls."""
-        hits = dict(self.hit_blocks)
-        for medium, n in other.hit_blocks.items():
-            hits[medium] = hits.get(medium, 0) + n
-        counts = {
-            f.name: getattr(self, f.name) + getattr(other, f.name)
-            for f in dataclasses.fields(self)
-            if f.name != "hit_blocks"
-        }
-        return OffloadStats(hit_blocks=hits, **counts)
+        """Both counts added (per key for the mappings): totals over several calls."""
+        counts: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(mine, Mapping):
+                merged = dict(mine)
+                for key, n in theirs.items():
+                    merged[key] = merged.get(key, 0) + n
+                counts[f.name] = merged
+            else:
+                counts[f.name] = mine + theirs
+        return OffloadStats(**counts)  # type: ignore[arg-type]
 
 
 class Counters:

@@ -33,6 +33,7 @@ from kvtier.engine.request_scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
 from kvtier.keys import BlockHasher
+from kvtier.observability.engine import Observability
 from kvtier.offloading_spec import KVGeometry, OffloadingSpec
 
 _POLL_INTERVAL_S = 1e-4
@@ -61,6 +62,13 @@ class LLM:
         worker_process: run offloading's worker half (its handlers, host memory and
             stores) in a child process, as an engine with one process per GPU would;
             only job values cross between the processes.
+        metrics_port: serve Prometheus metrics at ``/metrics`` on this TCP port (0: a
+            free one, see ``metrics_url``); ``None``: not served, but ``metrics``
+            still holds this engine's registry to mount elsewhere.
+        metrics_host: the address ``/metrics`` is served on (default loopback).
+        kv_events: publish KV events over ZeroMQ in vLLM's format, e.g.
+            ``{"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}``
+            (``docs/observability.md``); needs ``offload``.
 
     Raises:
         ConfigError: an argument is invalid (the message names it).
@@ -78,6 +86,9 @@ class LLM:
         prefill_chunk: int = 2048,
         connector: Connector | None = None,
         worker_process: bool = False,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        kv_events: Mapping[str, Any] | None = None,
     ) -> None:
         for key, value in (
             ("num_gpu_blocks", num_gpu_blocks),
@@ -96,6 +107,12 @@ class LLM:
                 "offload", f"must be a dict of offloading keys or None, got {offload!r}"
             )
         offload_config = OffloadingConfig.from_dict(offload) if offload is not None else None
+        if kv_events is not None and offload is None and connector is None:
+            raise ConfigError("kv_events", "needs offload=...: events come from its tiers")
+        self.observability = Observability(metrics_port, metrics_host, kv_events)
+        self.metrics = self.observability.metrics
+        """This engine's ``EngineMetrics`` (its ``registry`` can be mounted), or ``None``
+        without ``prometheus_client``."""
         if isinstance(model, PreTrainedModel):
             self.model = model
             self.model.train(False)  # eval mode
@@ -124,6 +141,11 @@ class LLM:
         self.runner = ModelRunner(self.model, self.pool)
         connector.register_kv_caches(self.pool.kv_caches, block_size)
         self.connector = connector
+        try:
+            self.observability.start(connector)
+        except BaseException:
+            connector.close()
+            raise
         self.last_stats: EngineStats | None = None
         self._ids = itertools.count()
 
@@ -158,17 +180,29 @@ class LLM:
         while self.scheduler.has_held:  # stores still reading finished requests' pages
             self.scheduler.release(self.connector.poll())
             time.sleep(_POLL_INTERVAL_S)
-        self.last_stats = EngineStats(
-            requests=tuple(r.stats(start) for r in requests),
-            block_size=self.pool.block_size,
-            wall_s=wall_s,
-            offload=self.connector.take_stats(),
+        self.last_stats = self.observability.finish_generate(
+            EngineStats(
+                requests=tuple(r.stats(start) for r in requests),
+                block_size=self.pool.block_size,
+                wall_s=wall_s,
+                offload=self.connector.take_stats(),
+            )
         )
         return [list(r.output_token_ids) for r in requests]
 
+    @property
+    def metrics_url(self) -> str | None:
+        """Where ``/metrics`` is served, or ``None``."""
+        server = self.observability.server
+        return None if server is None else server.url
+
     def close(self) -> None:
-        """Let offloading finish its work in flight, then release its memory and files."""
-        self.connector.close()
+        """Let offloading finish its work in flight, then release its memory and files;
+        publish the last KV events and stop serving metrics."""
+        try:
+            self.connector.close()
+        finally:
+            self.observability.close()
 
     def __enter__(self) -> LLM:
         return self

@@ -10,12 +10,15 @@ carries values between them, nothing else::
 
 The scheduler half decides (``kvtier.connector.scheduler_half``); the worker half moves
 bytes (``kvtier.connector.worker_half``). This module only keeps the engine's
-``LoadHandle``s and sends each call's jobs on.
+``LoadHandle``s, sends each call's jobs on, and shows each finished job (its spec and
+result) to the observers added with ``add_observer`` (metrics, failure counts) -- here,
+in the engine's process, wherever the worker half runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from kvtier.blocks import BlockHash, BlockId
@@ -23,7 +26,9 @@ from kvtier.connector.scheduler_half import ConnectorScheduler
 from kvtier.connector.stats import OffloadStats
 from kvtier.engine.connector_api import LoadHandle
 from kvtier.errors import ProtocolError
+from kvtier.jobs import TransferResult, TransferSpec
 from kvtier.offloading_spec import OffloadingSpec
+from kvtier.scheduler.tiering import TieredManager
 
 if TYPE_CHECKING:
     import torch
@@ -32,6 +37,11 @@ if TYPE_CHECKING:
     from kvtier.engine.request import Request
 
 _FLUSH_POLL_S = 0.001
+_log = logging.getLogger(__name__)
+
+TransferObserver = Callable[[TransferSpec | None, TransferResult], None]
+"""Called with each finished job's spec (``None`` if it was sent before the observer was
+added) and its result; see ``OffloadingConnector.add_observer``."""
 
 
 class OffloadingConnector:
@@ -54,6 +64,19 @@ class OffloadingConnector:
         self.worker: WorkerHalf | None = None
         self.worker_process = worker_process
         self._handles: dict[str, LoadHandle] = {}
+        self._observers: list[TransferObserver] = []
+        self._specs: dict[int, TransferSpec] = {}  # jobs in flight, kept for observers
+
+    @property
+    def manager(self) -> TieredManager:
+        """The scheduler half's manager (every tier)."""
+        return self.scheduler.manager
+
+    def add_observer(self, observer: TransferObserver) -> None:
+        """Call ``observer(spec, result)`` for every finished job, in the engine's thread,
+        before the scheduler half completes it (metrics and failure logs; it must not
+        raise: what it raises is logged and dropped)."""
+        self._observers.append(observer)
 
     # -- engine points ----------------------------------------------------------------
 
@@ -103,7 +126,10 @@ class OffloadingConnector:
             self._worker().wait([job_id])  # the engine reuses the page when this returns
 
     def poll(self) -> Sequence[str]:
-        progress = self.scheduler.on_finished(self._worker().get_finished())
+        results = self._worker().get_finished()
+        if self._observers:
+            self._observe(results)
+        progress = self.scheduler.on_finished(results)
         for load in progress.loads:
             self._handles.pop(load.request_id).complete(load.num_pages)
         self._send(write_through=True)
@@ -150,4 +176,15 @@ class OffloadingConnector:
     def _send(self, write_through: bool) -> None:
         jobs = self.scheduler.take_jobs(write_through)
         if jobs:
+            if self._observers:
+                self._specs.update((job.job_id, job.spec) for job in jobs)
             self._worker().submit(jobs)
+
+    def _observe(self, results: Sequence[TransferResult]) -> None:
+        for result in results:
+            spec = self._specs.pop(result.job_id, None)
+            for observer in self._observers:
+                try:
+                    observer(spec, result)
+                except Exception:
+                    _log.exception("transfer observer %r raised", observer)

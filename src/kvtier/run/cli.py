@@ -39,6 +39,8 @@ from kvtier.sizes import format_bytes
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from kvtier.observability.exporter import LabeledRegistries, MetricsServer
+
 POOL_HEADROOM = 1.25
 """Default GPU pool: this many times the pages of the largest turn (prompt + answer)."""
 
@@ -171,6 +173,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="TTFT-by-turn plot (default: the JSON path with .png)",
     )
     r.add_argument("--no-progress", action="store_true", help="no per-turn lines on stderr")
+    r.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve Prometheus metrics of every configuration's engine at "
+        "http://HOST:N/metrics during the run (0: a free port), and write the last "
+        "scrape next to the JSON as .prom (default: not served)",
+    )
+    r.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address for --metrics-port (default: %(default)s, loopback only)",
+    )
 
 
 def default_gpu_blocks(workload: Workload, block_size: int) -> int:
@@ -203,6 +218,10 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--late-turn", f"must be in 0..{spec.turns - 1}, got {late_turn}")
     if args.model is not None and not (args.model / "config.json").is_file():
         raise ConfigError("--model", f"{args.model} is not a checkpoint directory (no config.json)")
+    if args.metrics_port is not None:
+        from kvtier.observability.exporter import check_port
+
+        check_port("--metrics-port", args.metrics_port)
     for option, size in (
         ("--cpu-bytes", sizes.cpu_bytes),
         ("--cpu-bytes-with-disk", sizes.cpu_bytes_with_disk),
@@ -294,7 +313,16 @@ def _run_and_report(
         print(f"config {c.name}: {shown}")
     sys.stdout.flush()
     progress = None if args.no_progress else sys.stderr
-    runs = run_job(model, workload, configs, gpu_blocks, args.block_size, progress)
+    metrics, server = _serve_metrics(args)
+    try:
+        runs = run_job(model, workload, configs, gpu_blocks, args.block_size, progress, metrics)
+    finally:
+        final_scrape = None
+        if server is not None:
+            from prometheus_client import generate_latest
+
+            final_scrape = generate_latest(metrics)  # type: ignore[arg-type]
+            server.close()
     mismatches = compare_outputs(runs)
     summaries = [summarize(run, late_turn) for run in runs]
     history: dict[int, list[int]] = {}
@@ -318,6 +346,10 @@ def _run_and_report(
     path = write_result("run", config, to_json(runs, summaries, mismatches), json_path)
     plot_ttft(runs, plot_path, f"kvtier run: TTFT by turn ({platform.node()})")
     print(f"wrote {path} and {plot_path}")
+    if final_scrape is not None:
+        prom = path.with_suffix(".prom")
+        prom.write_bytes(final_scrape)
+        print(f"wrote {prom} (the last scrape of /metrics)")
     return 1 if mismatches else 0
 
 
@@ -327,3 +359,17 @@ def _describe(offload: Mapping[str, object]) -> str:
         f"{k}={format_bytes(v) if k.endswith('_bytes_to_use') and isinstance(v, int) else v}"
         for k, v in offload.items()
     )
+
+
+def _serve_metrics(
+    args: argparse.Namespace,
+) -> tuple[LabeledRegistries | None, MetricsServer | None]:
+    """With ``--metrics-port``: every engine's metrics on one port, labelled ``config``."""
+    if args.metrics_port is None:
+        return None, None
+    from kvtier.observability.exporter import LabeledRegistries, MetricsServer
+
+    metrics = LabeledRegistries("config")
+    server = MetricsServer(metrics, args.metrics_port, args.metrics_host)
+    print(f"metrics: {server.url} (configurations labelled config=...)", flush=True)
+    return metrics, server

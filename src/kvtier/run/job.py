@@ -18,13 +18,16 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from transformers import PreTrainedModel
 
 from kvtier.engine import LLM, OffloadStats
 from kvtier.run.configs import Configuration
 from kvtier.run.workload import Chat, Turn, Workload
+
+if TYPE_CHECKING:
+    from kvtier.observability.exporter import LabeledRegistries
 
 _WARMUP_TOKENS = 4
 
@@ -144,6 +147,7 @@ def run_job(
     gpu_blocks: int,
     block_size: int,
     progress: TextIO | None = sys.stderr,
+    metrics: LabeledRegistries | None = None,
 ) -> tuple[ConfigRun, ...]:
     """Run ``workload`` on every configuration, side by side, turn by turn.
 
@@ -154,6 +158,8 @@ def run_job(
         gpu_blocks: pages in each engine's GPU pool.
         block_size: tokens per page.
         progress: where to write one line per turn (``None``: silent).
+        metrics: where each engine's metrics registry is added, labelled with its
+            configuration's name (``None``: not served).
 
     Raises:
         ConfigError: an engine rejects its configuration (the key names what to change).
@@ -162,7 +168,10 @@ def run_job(
     engines: list[LLM] = []
     try:
         for config in configs:
-            engines.append(LLM(model, gpu_blocks, block_size, offload=config.offload))
+            llm = LLM(model, gpu_blocks, block_size, offload=config.offload)
+            if metrics is not None and llm.metrics is not None:
+                metrics.add(config.name, llm.metrics.registry)
+            engines.append(llm)
         return _run_turns(workload, configs, engines, progress)
     finally:
         for llm in engines:

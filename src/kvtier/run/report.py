@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvtier.engine.connector_api import OffloadStats
@@ -182,6 +182,10 @@ def format_report(
             f"{s.totals.failed_loads:>4}/{s.totals.failed_stores:<5}"
         )
     for s in ran:
+        if s.totals.failures:
+            failed = ", ".join(f"{k} {n}" for k, n in sorted(s.totals.failures.items()))
+            lines.append(f"{s.name}: FAILED blocks by tier, operation and reason: {failed}")
+    for s in ran:
         if s.offload_hit_tokens:
             tiers = ", ".join(
                 f"{tier} {s.ratio(n):.1%}" for tier, n in s.offload_hit_tokens.items()
@@ -233,7 +237,8 @@ def to_json(
             "gpu_hit_ratio": s.ratio(s.gpu_hit_tokens),
             "offload_hit_ratio": {k: s.ratio(n) for k, n in s.offload_hit_tokens.items()},
             "computed_tokens": s.computed_tokens,
-            "offload_totals": asdict(run.totals),
+            "offload_totals": asdict(replace(run.totals, failures={}))
+            | {"failures": {str(k): n for k, n in sorted(run.totals.failures.items())}},
             "wall_s": s.wall_s,
             "turns": [
                 {k: v for k, v in asdict(t).items() if k != "output"}
