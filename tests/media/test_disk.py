@@ -430,7 +430,6 @@ def test_spec_checks_the_disk_size_before_building_the_disk_index(
         "disk_path": str(tmp_path / "cache"),
         "disk_bytes_to_use": 100 * 2**40,
     }
-    spec = spec_module.OffloadingSpec(config, geometry)
-    with pytest.raises(ConfigError) as info:
-        spec.get_manager()
+    with pytest.raises(ConfigError) as info:  # the spec checks sizes when it is built
+        spec_module.OffloadingSpec(config, geometry).get_manager()
     assert info.value.key == "disk_bytes_to_use"
