@@ -3,6 +3,7 @@ those of each prompt computed alone from scratch."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,6 +26,7 @@ def alone(model, prompt: list[int]) -> list[int]:
 stems = st.lists(st.integers(0, 511), min_size=1, max_size=20)
 
 
+@pytest.mark.timeout(900)  # 60 engine runs: 76 s alone on a loaded 2-core machine
 @settings(
     max_examples=60,
     deadline=None,

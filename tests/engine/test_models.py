@@ -46,6 +46,7 @@ def digest_in_subprocess(size: ModelSize, seed: int) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.timeout(600)  # builds models in child processes: 67 s on a loaded machine
 def test_weights_depend_only_on_the_seed(tiny_model, tiny_size: ModelSize) -> None:
     assert digest_in_subprocess(tiny_size, 0) == digest(tiny_model)
     assert digest(build_model(tiny_size, seed=1, device="cpu")) != digest(tiny_model)
