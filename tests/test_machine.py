@@ -91,23 +91,32 @@ def test_a_huge_index_takes_memory_for_what_it_holds() -> None:
 
 
 def test_a_disk_tier_may_count_what_it_already_holds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """After a restart the tier's own files are space it may keep using."""
+    """After a restart the tier's own files are space it may keep using; a restart that
+    finds the disk filled by others starts with a warning (a fault, not a
+    configuration: issue 13's soak), but a first start must find the space free."""
     monkeypatch.setattr(machine, "free_disk", lambda path: 10_000)  # a shared disk moves
     held = tmp_path / "tier"
     (held / "shard").mkdir(parents=True)
     (held / "shard" / "block").write_bytes(b"x" * 8192)
     check_disk("k", tmp_path, 10_000, tier_dir=held)
     check_disk("k", tmp_path, 18_192, tier_dir=held)
-    with pytest.raises(ConfigError) as e:
-        check_disk("k", tmp_path, 18_193, tier_dir=held)
-    assert str(e.value) == (
-        f"config key 'k': 17.8 KiB asked but the file system of {tmp_path} has 9.8 KiB free "
-        "plus 8.0 KiB this tier already holds; lower k or free space"
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="kvtier.machine"):
+        check_disk("k", tmp_path, 18_193, tier_dir=held)  # a restart on a full disk
+    assert [r.getMessage() for r in caplog.records] == [
+        f"k: 17.8 KiB asked at {tmp_path} but only 9.8 KiB free plus 8.0 KiB this tier "
+        "holds: starting; disk stores fail until space is freed"
+    ]
+    with pytest.raises(ConfigError) as e:  # more than the whole file system: never
+        check_disk("k", tmp_path, 2**62, tier_dir=held)
+    assert str(e.value).startswith("config key 'k': 4194304.0 TiB asked but the file system of ")
+    assert str(e.value).endswith(
+        "has 9.8 KiB free plus 8.0 KiB this tier already holds; lower k or free space"
     )
     with pytest.raises(ConfigError, match=f"the file system of {tmp_path} has 9.8 KiB free;"):
-        check_disk("k", tmp_path / "not" / "yet", 10_001)
+        check_disk("k", tmp_path / "not" / "yet", 10_001)  # a first start
 
 
 def test_free_disk_asks_the_nearest_existing_parent(tmp_path: Path) -> None:

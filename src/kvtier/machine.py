@@ -12,11 +12,14 @@ not checked here; the allocation itself still fails cleanly.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 
 from kvtier.errors import ConfigError
 from kvtier.sizes import format_bytes
+
+_log = logging.getLogger(__name__)
 
 _CGROUP = Path("/sys/fs/cgroup")
 
@@ -81,6 +84,12 @@ def check_memory(key: str, asked: int) -> None:
 def check_disk(key: str, path: Path, asked: int, tier_dir: Path | None = None) -> None:
     """Refuse a disk size the file system holding ``path`` cannot give.
 
+    A first start (the tier holds nothing yet) must find the space free: a shortfall
+    is a configuration mistake. A restart over a tier that already holds blocks may
+    find the disk filled by others meanwhile: that is a fault, not a configuration,
+    so the engine starts (with a warning) and its disk stores fail until space
+    returns -- unless ``asked`` exceeds the whole file system, which no restart fixes.
+
     Args:
         key: the size's key or option, named in the error.
         path: the tier's directory (need not exist yet).
@@ -90,20 +99,34 @@ def check_disk(key: str, path: Path, asked: int, tier_dir: Path | None = None) -
 
     Raises:
         ConfigError: naming ``key``, when ``asked`` exceeds free space plus what the
-            tier already holds.
+            tier already holds on a first start, or the file system's size.
     """
     free = free_disk(path)
     if free is None or asked <= free:
         return
     held = 0 if tier_dir is None else bytes_under(tier_dir)
-    if asked > free + held:
-        where = existing_ancestor(path)
-        kept = f" plus {format_bytes(held)} this tier already holds" if held else ""
-        raise ConfigError(
+    if asked <= free + held:
+        return
+    where = existing_ancestor(path)
+    vfs = os.statvfs(where)
+    size = vfs.f_blocks * vfs.f_frsize
+    if held and asked <= size:
+        _log.warning(
+            "%s: %s asked at %s but only %s free plus %s this tier holds: starting; "
+            "disk stores fail until space is freed",
             key,
-            f"{format_bytes(asked)} asked but the file system of {where} has "
-            f"{format_bytes(free)} free{kept}; lower {key} or free space",
+            format_bytes(asked),
+            where,
+            format_bytes(free),
+            format_bytes(held),
         )
+        return
+    kept = f" plus {format_bytes(held)} this tier already holds" if held else ""
+    raise ConfigError(
+        key,
+        f"{format_bytes(asked)} asked but the file system of {where} has "
+        f"{format_bytes(free)} free{kept}; lower {key} or free space",
+    )
 
 
 def bytes_under(path: Path) -> int:

@@ -92,7 +92,7 @@ def test_a_tiered_sweep_of_a_generated_agents_workload(
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "agents" in text and "cpu hits" in text and "disk hits" in text
-    run = json.loads(out.read_text())["points"][0]["runs"][0]
+    run = json.loads(out.read_text())["results"]["points"][0]["runs"][0]
     cpu, disk = run["tiers"]
     assert (cpu["medium"], disk["medium"]) == ("CPU", "DISK")
     assert cpu["hit_blocks"] + disk["hit_blocks"] == run["hit_blocks"]
