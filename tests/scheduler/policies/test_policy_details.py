@@ -191,3 +191,12 @@ def test_slru_demotes_the_coldest_protected_block_even_when_it_is_pinned() -> No
     assert policy.choose_victims(2, pinned.__contains__, (), []) == [k(1), k(2)]
     policy.touch(k(3), reused=True)  # protected overflows: demote its coldest, k0
     assert policy.choose_victims(1, never_held, (), []) == [k(0)]
+
+
+def test_an_unknown_policy_names_the_key_and_the_choices() -> None:
+    from kvtier.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        make_policy("fifo", 4)
+    assert err.value.key == "eviction_policy"
+    assert "'fifo'" in str(err.value) and "arc, lru, slru" in str(err.value)
