@@ -15,9 +15,27 @@ Two routes:
       "secondary_tiers": [{"type": "KvtierRedisTier",
                            "module_path": "kvtier.integrations.vllm", ...}]
 
-Importing this package imports vLLM.
+The package itself imports without vLLM (its settings and region are plain Python);
+the classes above import vLLM when first named.
 """
 
-from kvtier.integrations.vllm.spec import KvtierOffloadingSpec
+from __future__ import annotations
 
-__all__ = ["KvtierOffloadingSpec"]
+from typing import Any
+
+__all__ = ["KvtierDiskTier", "KvtierOffloadingSpec", "KvtierRedisTier"]
+
+_LAZY = {
+    "KvtierOffloadingSpec": "kvtier.integrations.vllm.spec",
+    "KvtierDiskTier": "kvtier.integrations.vllm.secondary",
+    "KvtierRedisTier": "kvtier.integrations.vllm.secondary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a vLLM-facing class on first use (vLLM's loaders call ``getattr``)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

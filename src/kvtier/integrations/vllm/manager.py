@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -50,6 +51,9 @@ from kvtier.scheduler.tiering import TieredManager, TierJob
 from kvtier.specs import BlockIdsSpec
 
 logger = logging.getLogger(__name__)
+
+REFUSED_CAP = 65536
+"""Keys remembered as failed promotions (oldest forgotten first)."""
 
 
 class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
@@ -83,6 +87,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         self._kinds: dict[int, str] = {}  # mover job id -> "promote" | "write"
         self._checks: dict[BlockHash, Future[bool]] = {}
         self._absent: dict[str, set[BlockHash]] = {}  # req_id -> keys Redis lacks
+        # Keys whose promotion failed: never rediscovered in Redis (no retry loop).
+        self._refused: OrderedDict[BlockHash, None] = OrderedDict()
         self._checker = ThreadPoolExecutor(1, "kvtier-vllm-discover") if self._remotes else None
         self.counts = {"hits": 0, "pending": 0, "retries": 0, "misses": 0, "promotion_failures": 0}
 
@@ -122,7 +128,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
 
     def _discover(self, key: BlockHash, req_id: str) -> bool:
         """Whether Redis is now known to hold ``key`` (starts a check if none ran)."""
-        if self._checker is None or key in self._absent.get(req_id, ()):
+        if self._checker is None or key in self._refused or key in self._absent.get(req_id, ()):
             return False
         future = self._checks.get(key)
         if future is None:
@@ -270,6 +276,10 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
                 if not ok:
                     self.counts["promotion_failures"] += len(job.block_hashes)
                     logger.warning("kvtier: promotion failed, recomputing: %s", error)
+                    for key in job.block_hashes:
+                        self._refused[key] = None
+                    while len(self._refused) > REFUSED_CAP:
+                        self._refused.popitem(last=False)
                 tiered.complete_promotion(job, ok)
             else:
                 if not ok:
