@@ -194,7 +194,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         a rank failed to store (its status byte) is dropped instead."""
         ks = [BlockHash(bytes(k)) for k in keys]
         status = self.region.status()
-        good, bad = [], []
+        good: list[BlockHash] = []
+        bad: list[BlockHash] = []
         for k in ks:
             slot = self.cpu.slot(k)
             failed = (

@@ -108,7 +108,7 @@ class RankMover:
         done = [(i, p) for i, p in self._pending.items() if p.waiting == 0]
         for job_id, _ in done:
             del self._pending[job_id]
-        return [(i, p.job, p.ok, (p.errors or [None])[0]) for i, p in done]
+        return [(i, p.job, p.ok, p.errors[0] if p.errors else None) for i, p in done]
 
     def drain(self) -> None:
         """Block until every submitted job has finished on every rank."""

@@ -160,7 +160,7 @@ class _KvtierTier(SecondaryTierManager):  # type: ignore[misc]
             logger.warning("kvtier %s: load of a block it no longer holds: %s", self.tier_type, exc)
             self._done.append(JobResult(job_id=job_metadata.job_id, success=False))
             return
-        src = self._keyed(keys, src.block_ids)  # type: ignore[attr-defined]
+        src = self._keyed(keys, src.block_ids)
         cpu = CPULoadStoreSpec(tuple(int(c) for c in job_metadata.chunk_ids))  # type: ignore[misc]
         job = _Job(job_metadata.job_id, keys, False, pinned=True)
         self._submit(self._load_handler, job, (src, cpu))

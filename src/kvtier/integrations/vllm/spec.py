@@ -122,7 +122,10 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             enable_events=events,
             store_threshold=threshold,
         )
-        disks, remotes, secondaries, slot_keys = [], [], [], {}
+        disks: list[Any] = []
+        remotes: list[Any] = []
+        secondaries: list[TierManager] = []
+        slot_keys: dict[int, bytes] = {}
         if cfg.disk_path is not None:
             disks, disk_tier, slot_keys = self._open_disk(events)
             secondaries.append(disk_tier)
