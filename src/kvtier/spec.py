@@ -1,14 +1,16 @@
 """``OffloadingSpec``: one validated configuration builds both sides.
 
-The scheduler calls ``get_manager()`` (pure Python); each worker calls
-``get_worker(kv_caches)`` (imports torch). Sizes are derived here, once: how many
-offloaded blocks the CPU budget holds, how many block files the disk budget holds, and
-how many bytes each really takes.
+The scheduler half calls ``get_manager()`` (pure Python); each worker half calls
+``get_worker(kv_caches)`` (imports torch). Either may come first, and each may run in
+a process of its own with its own spec. Sizes are derived here, once, in the
+constructor: how many offloaded blocks the CPU budget holds, how many block files the
+disk budget holds, and how many bytes each really takes.
 
-With a disk tier, the scheduler-side disk index is rebuilt from what the directory
-already holds (blocks of this model and block size only), coldest first, and the disk
-handlers are told which slot holds which key, so both sides agree. The reference
-engine runs both sides in one process, which opens the directory once.
+With a disk tier, the scheduler's disk index is rebuilt from what the directory
+already holds (blocks of this model and block size only), coldest first, once. The
+disk handlers keep no index: store jobs name the keys to write and to delete. The
+directory is opened (and locked) once per process; a scheduler whose worker half runs
+elsewhere lets it go (``release_disk_store``) once it has read the index.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvtier.blocks import Medium
+from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint, root_key
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
-from kvtier.scheduler.tiering import TieredManager
+from kvtier.scheduler.tiering import SharedStore, TieredManager
 
 if TYPE_CHECKING:
     import torch
@@ -95,8 +97,8 @@ class OffloadingSpec:
                     f"holds no block file of {block_file_size(self.bytes_per_block)} bytes",
                 )
         self._disk: DiskStore | None = None
+        self._disk_index: tuple[BlockHash, ...] | None = None
         self._remote: RemoteStore | None = None
-        self._disk_slot_keys: dict[int, bytes] = {}
         self._groups: list[Any] = []  # handler groups: each shuts its handlers down
 
     @property
@@ -107,8 +109,9 @@ class OffloadingSpec:
     def has_remote(self) -> bool:
         return self.config.remote_url is not None
 
-    def get_manager(self) -> TierManager | TieredManager:
-        """The scheduler side: the CPU tier, with the disk tier behind it if configured."""
+    def get_manager(self) -> TieredManager:
+        """The scheduler side: the CPU tier, with the disk and remote tiers behind it
+        if configured (none behind it is a tiering too)."""
         cfg = self.config
         threshold = (
             max(cfg.store_threshold, 2) if cfg.store_policy == "reuse" else (cfg.store_threshold)
@@ -120,8 +123,6 @@ class OffloadingSpec:
             enable_events=cfg.enable_events,
             store_threshold=threshold,
         )
-        if not self.has_disk and not self.has_remote:
-            return cpu
         secondaries = []
         if self.has_disk:
             disk = TierManager(
@@ -131,11 +132,9 @@ class OffloadingSpec:
                 policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
                 enable_events=cfg.enable_events,
             )
-            recovered = [b.key for b in self.disk_store().recovered][-self.num_disk_blocks :]
-            slots = disk.restore(recovered)  # type: ignore[arg-type]
-            self._disk_slot_keys = dict(zip(slots, recovered, strict=True))
+            disk.restore(self.disk_index())
             secondaries.append(disk)
-        shared = {}
+        shared: dict[Medium, SharedStore] = {}
         if self.has_remote:
             # The index only remembers what this engine knows is there; the server's
             # maxmemory policy owns the real capacity (docs/remote.md).
@@ -152,6 +151,19 @@ class OffloadingSpec:
         return TieredManager(
             cpu, secondaries, max_pending_writes=cfg.max_pending_writes, shared=shared
         )
+
+    def disk_index(self) -> tuple[BlockHash, ...]:
+        """The keys the disk directory held at open, coldest first (read once)."""
+        if self._disk_index is None:
+            recovered = [BlockHash(b.key) for b in self.disk_store().recovered]
+            self._disk_index = tuple(recovered[-self.num_disk_blocks :])
+        return self._disk_index
+
+    def release_disk_store(self) -> None:
+        """Close this process's disk store, so that a worker process can open it."""
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
 
     def remote_store(self) -> RemoteStore:
         """The remote tier's client, opened once (it contacts nothing until used)."""
@@ -193,11 +205,8 @@ class OffloadingSpec:
         return self._disk
 
     def get_worker(self, kv_caches: Sequence[torch.Tensor]) -> OffloadingWorker:
-        """The worker side: GPU<->CPU handlers over a host slab, CPU<->disk if configured.
-
-        Call ``get_manager()`` first when there is a disk tier (it rebuilds the index
-        the disk handlers follow).
-        """
+        """The worker side: GPU<->CPU handlers over a host slab, CPU<->disk and
+        CPU<->remote if configured."""
         from kvtier.worker import CpuGpuOffloadingHandlers, OffloadingWorker
 
         gpu = CpuGpuOffloadingHandlers(
@@ -214,7 +223,6 @@ class OffloadingSpec:
                 gpu.host_slab.tensor,
                 self.disk_store(),
                 io_threads=self.config.disk_io_threads,
-                slot_keys=self._disk_slot_keys,
             )
             worker.register_handler(Medium.CPU, Medium.DISK, disk.cpu_to_disk_handler)
             worker.register_handler(Medium.DISK, Medium.CPU, disk.disk_to_cpu_handler)

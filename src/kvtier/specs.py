@@ -71,9 +71,17 @@ class KeyedBlocksSpec(BlockIdsSpec):
 
     A persistent store names what it holds by block key, so that another process, or
     the same one after a restart, finds it again; the slot ids only account capacity.
+
+    Attributes:
+        block_ids: slots of the scheduler's index of the tier, one per key.
+        block_hashes: the keys, in transfer order.
+        evicted_hashes: keys the tier's index dropped (evicted to make room for this
+            store, or unreadable): a store job's worker deletes them before writing, so
+            the medium follows the index with no index of its own.
     """
 
     block_hashes: tuple[BlockHash, ...] = ()
+    evicted_hashes: tuple[BlockHash, ...] = ()
 
     @classmethod
     def for_blocks(

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from kvtier.blocks import Medium
+from kvtier.connector.worker_half import ConnectorWorker
 from kvtier.engine import LLM
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.errors import ConfigError
@@ -113,8 +114,9 @@ def test_failed_loads_recompute_the_same_tokens(tiny_model: Any, baseline: list[
         block_size=PAGE,
         offload={"cpu_bytes_to_use": "8MiB"},
     )
-    assert isinstance(llm.connector, OffloadingConnector) and llm.connector.worker
-    handler = llm.connector.worker._handlers[(Medium.CPU, Medium.GPU)]
+    assert isinstance(llm.connector, OffloadingConnector)
+    assert isinstance(llm.connector.worker, ConnectorWorker)
+    handler = llm.connector.worker.worker._handlers[(Medium.CPU, Medium.GPU)]
     saboteur = GarbageThenFail(llm.pool.kv_caches)
     handler._copier = saboteur  # type: ignore[attr-defined]
     outs, failed = [], 0

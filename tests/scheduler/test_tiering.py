@@ -194,21 +194,46 @@ def shared_tiered(store: FakeShared) -> TieredManager:
     return TieredManager(primary, [remote], shared={Medium.REMOTE: store})
 
 
-def test_blocks_other_engines_wrote_are_discovered_and_adopted() -> None:
+def lookup_after_discovery(t: TieredManager, ks: list[bytes]) -> int:
+    """``lookup`` that starts the background checks, then the one that adopts them."""
+    first = t.lookup(ks)
+    t.wait_discoveries()
+    assert t.lookup_known(ks) >= first
+    return t.lookup(ks)
+
+
+def test_blocks_other_engines_wrote_are_discovered_in_the_background() -> None:
     store = FakeShared(set(keys(1, 2)))
     t = shared_tiered(store)
-    assert t.lookup(keys(1, 2, 3)) == 2
+    assert t.lookup(keys(1, 2, 3)) == 0, "the first lookup never waits for the network"
+    assert t.discovering(keys(1, 2, 3))
+    t.wait_discoveries()
+    assert t.lookup_known(keys(1, 2, 3)) == 2  # adopted, nothing counted
+    assert not t.discovering(keys(1, 2, 3))
     assert t.secondaries[0].state(keys(1)[0]) is not None
+    assert t.lookup(keys(1, 2, 3)) == 2
     assert t.stats().hit_blocks[Medium.REMOTE] == 2
     store.down = True
-    assert t.lookup(keys(3)) == 0, "an unreachable store is no hit, not an error"
+    assert lookup_after_discovery(t, keys(3)) == 0, "an unreachable store is no hit"
+    t.shutdown()
+
+
+def test_an_answer_from_before_an_outage_is_not_adopted() -> None:
+    store = FakeShared(set(keys(1, 2)))
+    t = shared_tiered(store)
+    t.lookup(keys(1, 2))
+    t.wait_discoveries()
+    store.outages += 1  # the server restarted after it answered
+    assert t.lookup(keys(1, 2)) == 0
+    assert len(t.secondaries[0]) == 0
+    t.shutdown()
 
 
 def test_a_shared_tier_is_forgotten_after_an_outage() -> None:
     # The server may have restarted empty: what this engine knew of it is stale.
     store = FakeShared(set(keys(1, 2)))
     t = shared_tiered(store)
-    assert t.lookup(keys(1, 2)) == 2
+    assert lookup_after_discovery(t, keys(1, 2)) == 2
     store.held.clear()
     store.outages += 1
     assert t.lookup(keys(1, 2)) == 0

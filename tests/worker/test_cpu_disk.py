@@ -226,20 +226,22 @@ def test_rejects_pages_it_cannot_use(store: DiskStore) -> None:
             CpuDiskOffloadingHandlers(bad, store)
 
 
-def test_store_into_a_reused_slot_deletes_the_evicted_key(tmp_path: Path) -> None:
-    """With slot tracking the scheduler's evictions reach the disk: a full tier stays usable."""
+def test_a_store_deletes_the_keys_its_spec_names_evicted_first(tmp_path: Path) -> None:
+    """The scheduler's evictions reach the disk inside the store job's spec: a full
+    tier stays usable, and the handler keeps no slot index of its own."""
     store = DiskStore.open(tmp_path, FP, 2 * block_file_size(BLOCK))
     pages = cpu_pages(True)
-    h = CpuDiskOffloadingHandlers(pages, store, slot_keys={BlockId(1): key(9)})
-    store.write(key(9), pages[0].numpy())  # found at start-up, in slot 1
+    h = CpuDiskOffloadingHandlers(pages, store)
+    store.write(key(9), pages[0].numpy())  # found at start-up
 
-    def into_slot(job_id: int, slot: int, k: int) -> TransferResult:
-        spec = (CPULoadStoreSpec((BlockId(0),)), DiskLoadStoreSpec((BlockId(slot),), (key(k),)))
-        return run(h.cpu_to_disk_handler, {job_id: spec})[job_id]
+    def store_evicting(job_id: int, k: int, evicted: tuple[int, ...]) -> TransferResult:
+        disk = DiskLoadStoreSpec((BlockId(0),), (key(k),), tuple(key(e) for e in evicted))
+        return run(h.cpu_to_disk_handler, {job_id: (CPULoadStoreSpec((BlockId(0),)), disk)})[job_id]
 
-    assert into_slot(1, 0, 1).success
-    assert into_slot(2, 1, 2).success  # slot 1 held key 9: deleted first
-    assert into_slot(3, 0, 3).success  # slot 0 held key 1
+    assert store_evicting(1, 1, ()).success
+    assert not store_evicting(2, 2, ()).success  # full: nothing named evicted
+    assert store_evicting(3, 2, (9,)).success  # key 9 deleted first
+    assert store_evicting(4, 3, (1,)).success
     assert sorted(store.keys()) == [key(2), key(3)]
     h.shutdown()
     store.close()

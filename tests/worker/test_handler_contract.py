@@ -1,23 +1,35 @@
-"""The OffloadingHandler contract, run against every handler.
+"""The OffloadingHandler contract, run against every handler pair.
 
-Every job is reported exactly once, in submission order; refused jobs are reported
-failed; nothing a job does raises out of get_finished or wait; shutdown finishes
-queued jobs and refuses later ones.
+GPU<->CPU, CPU<->disk (real files) and CPU<->remote (a real redis-server): every job
+is reported exactly once, in submission order; refused jobs are reported failed;
+nothing a job does raises out of get_finished or wait; shutdown finishes queued jobs
+and refuses later ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 
-from kvtier.specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.blocks import BlockHash, BlockId
+from kvtier.media.disk import DiskStore
+from kvtier.media.disk_layout import block_file_size
+from kvtier.media.remote import RemoteOptions, RemoteStore
+from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout, OffloadingHandler, TransferResult
+from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
+from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import TransferSpec
 
+from ..redis_server import RedisServer
 from .conftest import GPU_BLOCK_SIZE, make_kv
+
+FP = b"\x77" * 32
+ROWS, ROW_BYTES = 4, 8192
 
 
 @dataclass
@@ -35,19 +47,80 @@ def _load(i: int) -> TransferSpec:
     return (CPULoadStoreSpec((i % 4,)), GPULoadStoreSpec((i % 8, (i + 3) % 8)))
 
 
-@pytest.fixture(params=["gpu_to_cpu", "cpu_to_gpu"])
-def case(request) -> Iterator[Case]:
-    kv = make_kv(KVLayout.KV_FIRST, torch.float16, 8)
-    handlers = CpuGpuOffloadingHandlers(kv, GPU_BLOCK_SIZE, 2 * GPU_BLOCK_SIZE, 4)
-    if request.param == "gpu_to_cpu":
-        yield Case(
-            handlers.gpu_to_cpu_handler, _store, (GPULoadStoreSpec((0,)), CPULoadStoreSpec((0,)))
-        )
+def _key(i: int) -> BlockHash:
+    return BlockHash(bytes([i % ROWS]) * 32)
+
+
+def _keyed(kind: type[DiskLoadStoreSpec] | type[RemoteLoadStoreSpec], to_store: bool):  # type: ignore[no-untyped-def]
+    def valid(i: int) -> TransferSpec:
+        cpu = CPULoadStoreSpec((BlockId(i % ROWS),))
+        keyed = kind((BlockId(i % ROWS),), (_key(i),))
+        return (cpu, keyed) if to_store else (keyed, cpu)
+
+    return valid
+
+
+def _host_pages() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (ROWS, ROW_BYTES), dtype=torch.uint8, generator=gen)
+
+
+PAIRS = [
+    "gpu_to_cpu",
+    "cpu_to_gpu",
+    "cpu_to_disk",
+    "disk_to_cpu",
+    "cpu_to_remote",
+    "remote_to_cpu",
+]
+
+
+@pytest.fixture(params=PAIRS)
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
+    pair = request.param
+    if pair in ("gpu_to_cpu", "cpu_to_gpu"):
+        kv = make_kv(KVLayout.KV_FIRST, torch.float16, 8)
+        handlers = CpuGpuOffloadingHandlers(kv, GPU_BLOCK_SIZE, 2 * GPU_BLOCK_SIZE, 4)
+        if pair == "gpu_to_cpu":
+            bad = (GPULoadStoreSpec((0,)), CPULoadStoreSpec((0,)))
+            yield Case(handlers.gpu_to_cpu_handler, _store, bad)
+        else:
+            bad = (CPULoadStoreSpec((9,)), GPULoadStoreSpec((0, 1)))
+            yield Case(handlers.cpu_to_gpu_handler, _load, bad)
+        handlers.shutdown()
+    elif pair in ("cpu_to_disk", "disk_to_cpu"):
+        store = DiskStore.open(tmp_path, FP, 4 * ROWS * block_file_size(ROW_BYTES))
+        pages = _host_pages()
+        for row in range(ROWS):  # every key a load may name is there
+            store.write(_key(row), pages[row].numpy())
+        disk = CpuDiskOffloadingHandlers(pages, store, io_threads=2)
+        bad_keyed = DiskLoadStoreSpec((BlockId(0),), (_key(0),))
+        if pair == "cpu_to_disk":
+            bad = (GPULoadStoreSpec((BlockId(0),)), bad_keyed)
+            yield Case(disk.cpu_to_disk_handler, _keyed(DiskLoadStoreSpec, True), bad)
+        else:
+            bad = (bad_keyed, CPULoadStoreSpec((BlockId(ROWS),)))  # a row out of range
+            yield Case(disk.disk_to_cpu_handler, _keyed(DiskLoadStoreSpec, False), bad)
+        disk.shutdown()
+        store.close()
     else:
-        yield Case(
-            handlers.cpu_to_gpu_handler, _load, (CPULoadStoreSpec((9,)), GPULoadStoreSpec((0, 1)))
+        server = RedisServer(tmp_path / "redis").start()
+        remote_store = RemoteStore.open(
+            FP, RemoteOptions(url=server.url, timeout_s=5.0, max_connections=5), environ={}
         )
-    handlers.shutdown()
+        pages = _host_pages()
+        remote_store.write_many([_key(r) for r in range(ROWS)], [p.numpy() for p in pages])
+        remote = CpuRemoteOffloadingHandlers(pages, remote_store, io_threads=2)
+        bad_keyed = RemoteLoadStoreSpec((BlockId(0),), (_key(0),))
+        if pair == "cpu_to_remote":
+            bad = (GPULoadStoreSpec((BlockId(0),)), bad_keyed)
+            yield Case(remote.cpu_to_remote_handler, _keyed(RemoteLoadStoreSpec, True), bad)
+        else:
+            bad = (bad_keyed, CPULoadStoreSpec((BlockId(ROWS),)))
+            yield Case(remote.remote_to_cpu_handler, _keyed(RemoteLoadStoreSpec, False), bad)
+        remote.shutdown()
+        remote_store.close()
+        server.stop()
 
 
 def drain(handler: OffloadingHandler, expected: int) -> list[TransferResult]:

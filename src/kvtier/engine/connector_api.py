@@ -1,7 +1,8 @@
 """The points where an offloading connector plugs into the engine, and a no-op default.
 
-Runs in the engine's scheduler (the engine is one process: the connector's scheduler
-half and worker half both live in it). The scheduler calls, per request and per step::
+Runs in the engine's scheduler, in its one thread (the connector's worker half may
+run in this process or in a child; see ``offload_connector``). The scheduler calls,
+per request and per step::
 
     once:  register_kv_caches(kv_caches, block_size)
     step:  poll() ─► admit: GPU prefix match ─► (a) get_num_external_hit_blocks
@@ -16,19 +17,20 @@ a connector that offloads larger blocks groups them itself.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from kvtier.blocks import BlockHash, BlockId, Medium
+from kvtier.blocks import BlockHash, BlockId
+from kvtier.connector.stats import OffloadStats
 from kvtier.errors import ProtocolError
 
 if TYPE_CHECKING:
     import torch
 
     from kvtier.engine.request import Request
+
+__all__ = ["Connector", "LoadHandle", "LoadState", "NoOpConnector", "OffloadStats"]
 
 
 class LoadState(enum.Enum):
@@ -81,46 +83,6 @@ class LoadHandle:
         self._state = LoadState.DONE if done else LoadState.FAILED
 
 
-@dataclass(frozen=True, slots=True)
-class OffloadStats:
-    """What a connector did since its last ``take_stats`` (zeros without offloading).
-
-    Attributes:
-        hit_blocks: blocks found offloaded, per tier that served them.
-        loaded_blocks: blocks loaded into GPU pages.
-        stored_blocks: blocks stored out of GPU pages.
-        bytes_loaded: bytes moved into GPU pages.
-        bytes_stored: bytes moved out of GPU pages.
-        failed_loads: blocks whose load failed (recomputed).
-        failed_stores: blocks whose store failed.
-        refused_stores: blocks not stored because the tier could not make room.
-        refused_loads: offloaded hits not loaded because the CPU tier could not make
-            room to promote them from a secondary tier (recomputed; nothing failed).
-    """
-
-    hit_blocks: Mapping[Medium, int] = field(default_factory=dict)
-    loaded_blocks: int = 0
-    stored_blocks: int = 0
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
-    failed_loads: int = 0
-    failed_stores: int = 0
-    refused_stores: int = 0
-    refused_loads: int = 0
-
-    def __add__(self, other: OffloadStats) -> OffloadStats:
-        """Both counts added (per tier for ``hit_blocks``): totals over several calls."""
-        hits = dict(self.hit_blocks)
-        for medium, n in other.hit_blocks.items():
-            hits[medium] = hits.get(medium, 0) + n
-        counts = {
-            f.name: getattr(self, f.name) + getattr(other, f.name)
-            for f in dataclasses.fields(self)
-            if f.name != "hit_blocks"
-        }
-        return OffloadStats(hit_blocks=hits, **counts)
-
-
 @runtime_checkable
 class Connector(Protocol):
     """An offloading connector, as the engine calls it. All calls come from one thread."""
@@ -133,13 +95,15 @@ class Connector(Protocol):
 
     def get_num_external_hit_blocks(
         self, request: Request, block_keys: Sequence[BlockHash], num_gpu_hit_blocks: int
-    ) -> int:
+    ) -> int | None:
         """(a) At admission, after the GPU prefix match: how many blocks past it are offloaded.
 
         ``block_keys`` are all full blocks of the request's tokens; the first
         ``num_gpu_hit_blocks`` are GPU hits (touch them if the policy wants). Answer
         ``n``: ``block_keys[num_gpu_hit_blocks : num_gpu_hit_blocks + n]`` are ready to
         load. Called once per admission (again after a preemption); pin nothing here.
+        ``None``: not known yet (a shared tier is being asked); the engine keeps the
+        request waiting and asks again on a later step.
         """
         ...
 

@@ -1,7 +1,8 @@
 """``LLM``: the reference engine's public entry point, and its loop.
 
-Runs in one process: the scheduler and the connector's bookkeeping in Python, the
+Runs in one process: the scheduler and the connector's scheduler half in Python, the
 forward passes and the KV pool on the model's device (CUDA when available, else CPU).
+The connector's worker half runs here too, or in a child process (``worker_process``).
 
     >>> llm = LLM(num_gpu_blocks=256, block_size=16)
     >>> outputs = llm.generate([[1, 2, 3, 4]], max_new_tokens=8)
@@ -57,6 +58,9 @@ class LLM:
         seed: the default model's weights seed.
         max_batch_size: most requests admitted and decoded together.
         prefill_chunk: most tokens one prefill forward pass runs.
+        worker_process: run offloading's worker half (its handlers, host memory and
+            stores) in a child process, as an engine with one process per GPU would;
+            only job values cross between the processes.
 
     Raises:
         ConfigError: an argument is invalid (the message names it).
@@ -73,6 +77,7 @@ class LLM:
         max_batch_size: int = 8,
         prefill_chunk: int = 2048,
         connector: Connector | None = None,
+        worker_process: bool = False,
     ) -> None:
         for key, value in (
             ("num_gpu_blocks", num_gpu_blocks),
@@ -105,7 +110,8 @@ class LLM:
         )
         if offload_config is not None:
             geometry = KVGeometry(block_size, self.pool.bytes_per_block, fingerprint)
-            connector = OffloadingConnector(OffloadingSpec(offload_config, geometry))
+            spec = OffloadingSpec(offload_config, geometry)
+            connector = OffloadingConnector(spec, worker_process=bool(worker_process))
         connector = connector if connector is not None else NoOpConnector()
         self.block_manager = BlockManager(num_gpu_blocks, on_evict=connector.on_gpu_evict)
         self.scheduler = Scheduler(

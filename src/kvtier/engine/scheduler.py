@@ -6,7 +6,8 @@ Runs in the engine process; pure Python (pages are ids, tokens are ints). Each s
    requests whose loads completed start running (loaded pages join the prefix cache;
    pages whose load failed are recomputed).
 2. Admit waiting requests in arrival order while pages allow: GPU prefix match, then
-   (a) ask the connector for more hits; allocate all prompt pages; (b) start the load.
+   (a) ask the connector for more hits (or wait a step, if it is still finding out);
+   allocate all prompt pages; (b) start the load.
    A request whose next block an admitted request is computing or loading waits for
    it instead, so that prompts sharing a prefix in one batch compute it once.
 3. Pick the batch: one prefill chunk if any running request still has prompt to
@@ -76,6 +77,7 @@ class Scheduler:
         self.loading: list[Request] = []
         self.running: list[Request] = []
         self.held: dict[str, Request] = {}
+        self.connector_pending = False  # (a) answered "ask again" this step
 
     def check_fits(self, request: Request) -> None:
         """Ask before ``add``.
@@ -127,7 +129,7 @@ class Scheduler:
                 inputs=tuple(self._input(r, r.num_tokens) for r in decode),
                 is_prefill=False,
             )
-        if not (self.loading or self.held) and self.has_unfinished:
+        if not (self.loading or self.held or self.connector_pending) and self.has_unfinished:
             raise ProtocolError("scheduler stalled: requests wait but nothing can run")
         return None
 
@@ -177,6 +179,7 @@ class Scheduler:
             self.running.append(req)
 
     def _admit(self) -> None:
+        self.connector_pending = False
         while self.waiting and len(self.running) + len(self.loading) < self.max_batch_size:
             req = self.waiting[0]
             keys = self.hash_blocks(req.all_token_ids)
@@ -188,8 +191,11 @@ class Scheduler:
             num_new = self._blocks_for(req.num_tokens) - len(hits)
             if not self.bm.can_allocate(hits, num_new):
                 return
-            self.waiting.popleft()
             ext = self.connector.get_num_external_hit_blocks(req, keys, len(hits))
+            if ext is None:  # the connector is still finding out: ask on a later step
+                self.connector_pending = True
+                return
+            self.waiting.popleft()
             if ext < 0:
                 raise ProtocolError(f"connector reported {ext} external hit blocks")
             ext = min(ext, max_hits - len(hits))

@@ -92,6 +92,7 @@ class TierManager:
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
         self._seen_cap = 4 * num_blocks
+        self._held = 0  # blocks STORING or pinned by a load: not evictable now
         self._n: dict[str, int] = {f.name: 0 for f in fields(ManagerStats)}
 
     # -- queries -------------------------------------------------------------------
@@ -165,6 +166,8 @@ class TierManager:
                 )
         for blk in blocks:
             assert blk is not None
+            if blk.pins == 0:
+                self._held += 1
             blk.pins += 1
         self._n["loads"] += len(blocks)
         return self._spec_type.for_blocks(block_hashes, [blk.slot for blk in blocks if blk])
@@ -204,6 +207,7 @@ class TierManager:
             blk.pins -= count
             if blk.pins == 0:
                 released.append(key)
+        self._held -= len(released)
         self.policy.release_all(released)
 
     def prepare_store(self, block_hashes: Sequence[BlockHash]) -> PrepareStoreOutput | None:
@@ -239,6 +243,7 @@ class TierManager:
         for key, slot in zip(to_store, slots, strict=True):
             blocks[key] = _Block(slot, storing)
         self.policy.add_all(to_store)
+        self._held += len(to_store)
         if self.store_threshold > 1:
             for key in to_store:
                 self._seen.pop(key, None)
@@ -248,6 +253,35 @@ class TierManager:
             store_spec=self._spec_type.for_blocks(to_store, slots),
             block_hashes_evicted=tuple(evicted),
         )
+
+    def can_store(self, block_hashes: Sequence[BlockHash], *, whole: bool = False) -> int:
+        """How many leading keys ``prepare_store`` would take now: ask, then act.
+
+        For the answer ``n``, ``prepare_store(block_hashes[:n])`` makes room and returns
+        a result, and it would return ``None`` for any longer head. Nothing changes.
+        Keys admission (``store_threshold``) would skip do not count against room;
+        with ``whole``, the first of them ends the head instead (so that every new key
+        of the head is stored: a promotion needs them all).
+        """
+        blocks, ready, threshold = self._blocks, BlockState.READY, self.store_threshold
+        room = len(self._free) + len(blocks) - self._held  # free + evictable slots
+        new: set[BlockHash] = set()
+        protected: set[BlockHash] = set()
+        for i, key in enumerate(block_hashes):
+            blk = blocks.get(key)
+            if blk is not None:
+                if blk.state is ready and blk.pins == 0 and key not in protected:
+                    protected.add(key)  # the store's own keys are never evicted
+                    room -= 1
+            elif key not in new:
+                if threshold > 1 and self._seen.get(key, 0) < threshold:
+                    if whole:
+                        return i
+                    continue
+                new.add(key)
+            if len(new) > min(room, self.num_blocks):
+                return i
+        return len(block_hashes)
 
     def complete_store(self, block_hashes: Sequence[BlockHash], success: bool = True) -> None:
         """Make STORING blocks READY, or drop them when ``success`` is False.
@@ -276,6 +310,7 @@ class TierManager:
                 del self._blocks[key]
                 self._free.append(blk.slot)
                 self.policy.remove(key)
+        self._held -= len(changed)
         if success:
             self.policy.release_all(changed)
         if success:

@@ -8,44 +8,40 @@ Runs in the scheduler; pure Python. An inclusive, write-through hierarchy:
   write is skipped and counted (``writes_skipped``) -- the engine is never blocked.
 * ``lookup`` covers every tier: a run of blocks each READY in *some* tier. A *shared*
   tier (remote) may hold blocks that other engines wrote: for keys no tier knows,
-  ``lookup`` asks it (``discover``, one batched existence check) and adopts what it
-  finds into that tier's index. A failing check is no hit, never an error. After an
-  outage of a shared store (it may have restarted empty) its index is forgotten and
-  rebuilt by later checks.
+  ``lookup`` asks it in the background (``Discovery``: one batched existence check on
+  its own thread) and a later ``lookup`` adopts what it found into that tier's index;
+  ``lookup`` itself never waits on the network. A failing check is no hit, never an
+  error. After an outage of a shared store (it may have restarted empty) its index is
+  forgotten and rebuilt by later checks.
 * A block found only in a secondary tier is **promoted**: a CPU slot is prepared
   (STORING), the block is pinned in the secondary, a secondary→CPU job copies it, and
   ``complete_promotion`` makes it READY in CPU. Then it loads to the GPU as usual.
 * Each tier evicts by its own policy; events carry each tier's medium.
 
-The connector drives the background work: ``prepare_writes`` hands out write jobs,
-``complete_write`` closes them. Jobs are values (``TierJob``) with both specs.
+The connector's scheduler half drives the background work: ``prepare_writes`` hands
+out write jobs, ``complete_write`` closes them. Jobs are values (``TierJob``) with both
+specs; a write job's destination spec also names the keys the secondary tier dropped
+(``evicted_hashes``), so the worker deletes them with no index of its own.
+
+A tiering with no secondary tier is just its primary: engines use this one type
+whatever is configured, and ask it (``can_store``, ``can_promote``) before they act.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from kvtier.blocks import BlockHash, Medium
-from kvtier.errors import ConfigError, KvtierError, ProtocolError
+from kvtier.errors import ConfigError, ProtocolError
+from kvtier.scheduler.discovery import Discovery, SharedStore
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.protocol import OffloadingEvent, PrepareStoreOutput
-from kvtier.specs import BlockIdsSpec, LoadStoreSpec
+from kvtier.specs import BlockIdsSpec, KeyedBlocksSpec, LoadStoreSpec
 
-
-class SharedStore(Protocol):
-    """What the tiering asks of a store that other engines write to (remote)."""
-
-    def exists_many(self, keys: Sequence[bytes]) -> Sequence[bool]:
-        """Which keys the store holds (one batched check; may raise ``KvtierError``)."""
-        ...
-
-    @property
-    def outages(self) -> int:
-        """How many outages the store has had: after one, its contents may be gone."""
-        ...
+__all__ = ["SharedStore", "TierJob", "TieredManager", "TieringStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +107,8 @@ class TieredManager:
         self.max_pending_writes = max_pending_writes
         self._shared = dict(shared or {})
         self._outages = {medium: store.outages for medium, store in self._shared.items()}
+        self._discovery = {medium: Discovery(store) for medium, store in self._shared.items()}
+        self._deletes: dict[Medium, list[BlockHash]] = {t.medium: [] for t in self.secondaries}
         self._queues: dict[Medium, OrderedDict[BlockHash, None]] = {
             t.medium: OrderedDict() for t in self.secondaries
         }
@@ -128,13 +126,32 @@ class TieredManager:
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """Length of the run of blocks, from the first, READY in some tier."""
         self._forget_after_outages()
+        self._adopt_discoveries()
         n = self.primary.lookup(block_hashes)
         self._hits[self.primary.medium] += n
         n += self._known_run(block_hashes[n:])
-        if n < len(block_hashes) and self._shared:
-            self._discover_run(block_hashes[n:])
-            n += self._known_run(block_hashes[n:])
+        if n < len(block_hashes):
+            for discovery in self._discovery.values():
+                discovery.ask(block_hashes[n:])  # answered on a later lookup
         return n
+
+    def lookup_known(self, block_hashes: Sequence[BlockHash]) -> int:
+        """``lookup`` again for keys just looked up: adopts finished discoveries, asks
+        nothing new and counts nothing (a caller that waited for a discovery)."""
+        self._forget_after_outages()
+        self._adopt_discoveries()
+        run = 0
+        for key in block_hashes:
+            if self.holder(key) is None:
+                break
+            run += 1
+        return run
+
+    def discovering(self, block_hashes: Sequence[BlockHash]) -> bool:
+        """Whether a shared tier is still being asked about the run of these keys."""
+        return bool(block_hashes) and any(
+            d.asking(block_hashes[0]) for d in self._discovery.values()
+        )
 
     def _known_run(self, keys: Sequence[BlockHash]) -> int:
         run = 0
@@ -146,20 +163,15 @@ class TieredManager:
             run += 1
         return run
 
-    def _discover_run(self, keys: Sequence[BlockHash]) -> None:
-        """Adopt the leading keys that a shared tier holds (one existence check each)."""
+    def _adopt_discoveries(self) -> None:
+        """Adopt what finished background checks found (unless an outage came since)."""
         for tier in self.secondaries:
-            store = self._shared.get(tier.medium)
-            if store is None:
+            discovery = self._discovery.get(tier.medium)
+            if discovery is None:
                 continue
-            try:
-                found = store.exists_many(keys)
-            except KvtierError:
-                continue  # unreachable or unhealthy: no hits from it now
-            run = next((i for i, hit in enumerate(found) if not hit), len(found))
-            if run:
-                tier.adopt(keys[:run])
-                return
+            for found in discovery.answers():
+                if found.outages == self._outages[tier.medium]:
+                    tier.adopt(found.keys)
 
     def _forget_after_outages(self) -> None:
         for tier in self.secondaries:
@@ -192,11 +204,39 @@ class TieredManager:
         A key READY in a secondary tier is left out: it is promoted when it is needed,
         so copying it out of the GPU again would only cost bandwidth and CPU room.
         """
+        return self.primary.prepare_store(self._not_in_secondaries(block_hashes))
+
+    def can_store(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading keys ``prepare_store`` would take now: ask, then act.
+
+        ``prepare_store(block_hashes[:n])`` returns a result for the answer ``n`` and
+        ``None`` for any longer head. Nothing changes.
+        """
+        if not self.secondaries:
+            return self.primary.can_store(block_hashes)
+        keys = self._not_in_secondaries(block_hashes)
+        n = self.primary.can_store(keys)
+        return len(block_hashes) if n == len(keys) else list(block_hashes).index(keys[n])
+
+    def count_seen(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Count a use of blocks the engine's own GPU cache served (reuse admission)."""
+        self.primary.count_seen(block_hashes)
+
+    def ready_run(self, block_hashes: Sequence[BlockHash]) -> int:
+        """Length of the run of keys, from the first, READY in the primary (no side
+        effects: what a load may pin now)."""
+        run = 0
+        for key in block_hashes:
+            if self.primary.state(key) is not BlockState.READY:
+                break
+            run += 1
+        return run
+
+    def _not_in_secondaries(self, block_hashes: Sequence[BlockHash]) -> list[BlockHash]:
         secondaries = self.secondaries
-        keys = [
+        return [
             k for k in block_hashes if not any(t.state(k) is BlockState.READY for t in secondaries)
         ]
-        return self.primary.prepare_store(keys)
 
     def complete_store(self, block_hashes: Sequence[BlockHash], success: bool = True) -> None:
         """Complete a store into the primary and queue the new blocks for write-through."""
@@ -247,6 +287,29 @@ class TieredManager:
                 jobs.append(TierJob(tuple(keys), src, dst))
         return jobs
 
+    def can_promote(self, block_hashes: Sequence[BlockHash]) -> int:
+        """How many leading keys ``prepare_promotion`` would take now: ask, then act.
+
+        ``prepare_promotion(block_hashes[:n])`` returns jobs for the answer ``n`` and
+        ``None`` for any longer head. Nothing changes.
+        """
+        wanted: list[BlockHash] = []
+        where: list[int] = []  # where[i]: the index of wanted[i] in block_hashes
+        end = len(block_hashes)
+        for i, key in enumerate(block_hashes):
+            state = self.primary.state(key)
+            if state is BlockState.READY:
+                continue
+            if state is not None or not any(
+                t.state(key) is BlockState.READY for t in self.secondaries
+            ):
+                end = i  # being stored into the primary, or in no tier
+                break
+            wanted.append(key)
+            where.append(i)
+        n = self.primary.can_store(wanted, whole=True)
+        return end if n == len(wanted) else where[n]
+
     def complete_promotion(self, job: TierJob, success: bool) -> None:
         """Close a promotion job: the blocks are READY in the primary, or dropped there
         and from the secondary tier that could not deliver them."""
@@ -254,7 +317,7 @@ class TieredManager:
         tier.complete_load(job.block_hashes)
         self.primary.complete_store(job.block_hashes, success)
         if not success:  # unreadable there (bad checksum, file gone): a miss from now on
-            tier.discard(job.block_hashes)
+            self._deletes[tier.medium].extend(tier.discard(job.block_hashes))
         key = "promotions" if success else "promotion_failures"
         self._n[key] += len(job.block_hashes)
 
@@ -284,8 +347,21 @@ class TieredManager:
             todo = list(out.block_hashes_to_store)
             if todo:
                 src = self.primary.prepare_load(todo)
-                jobs.append(TierJob(tuple(todo), src, out.store_spec))
+                jobs.append(TierJob(tuple(todo), src, self._with_deletes(tier, out)))
         return jobs
+
+    def _with_deletes(self, tier: TierManager, out: PrepareStoreOutput) -> LoadStoreSpec:
+        """The write's destination, naming what the worker must delete first: the keys
+        evicted for it, and keys dropped since (unless stored again meanwhile)."""
+        dst = out.store_spec
+        dropped, self._deletes[tier.medium] = self._deletes[tier.medium], []
+        if tier.medium in self._shared or not isinstance(dst, KeyedBlocksSpec):
+            return dst  # a shared store is not ours to delete from: its own LRU does
+        evicted = (*out.block_hashes_evicted, *dropped)
+        deletes = [k for k in dict.fromkeys(evicted) if k not in tier]
+        if not deletes:
+            return dst
+        return dataclasses.replace(dst, evicted_hashes=tuple(deletes))
 
     def complete_write(self, job: TierJob, success: bool) -> None:
         """Close a write-through job: unpin in the primary, complete in the secondary."""
@@ -297,6 +373,22 @@ class TieredManager:
     def pending_writes(self) -> int:
         """Blocks waiting in the write-through queues."""
         return sum(len(q) for q in self._queues.values())
+
+    @property
+    def has_pending_work(self) -> bool:
+        """Whether background work remains: queued writes or running discoveries."""
+        return bool(self.pending_writes) or any(d.in_flight for d in self._discovery.values())
+
+    def wait_discoveries(self, timeout_s: float | None = None) -> None:
+        """Block until the background existence checks in flight have finished (their
+        answers are adopted by the next ``lookup``)."""
+        for discovery in self._discovery.values():
+            discovery.wait(timeout_s)
+
+    def shutdown(self) -> None:
+        """Stop the background checks (a running one ends within the store's timeout)."""
+        for discovery in self._discovery.values():
+            discovery.shutdown()
 
     def stats(self) -> TieringStats:
         return TieringStats(hit_blocks=dict(self._hits), **self._n)

@@ -10,6 +10,11 @@ failure, which blocks failed and why. Nothing a job does raises out of the handl
 Loads and stores have separate pools, so a burst of background write-through stores
 never queues a load (which a request is waiting for) behind it in Python.
 
+The handler keeps no index: a block file is named by its key, which the spec carries,
+and a store's ``DiskLoadStoreSpec.evicted_hashes`` names the blocks the scheduler's
+index dropped to make room. Each store task deletes its share of them before it writes,
+so the bytes on disk never exceed the capacity the index accounts for.
+
 After a failed load, the destination CPU pages of that job are undefined (a block
 that failed verification is zero-filled, its siblings may hold good bytes): the
 scheduler drops the whole job's blocks, as it does for any failed store.
@@ -18,7 +23,6 @@ scheduler drops the whole job's blocks, as it does for any failed store.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -44,7 +48,6 @@ class CpuDiskHandler(PooledHandler):
         pages: np.ndarray,
         store: DiskStore,
         io_threads: int,
-        slot_keys: dict[int, bytes] | None = None,
     ) -> None:
         media = (Medium.CPU, Medium.DISK) if cpu_to_disk else (Medium.DISK, Medium.CPU)
         super().__init__(
@@ -56,35 +59,35 @@ class CpuDiskHandler(PooledHandler):
         self.cpu_to_disk = cpu_to_disk
         self._pages = pages
         self._store = store
-        self._slot_keys = slot_keys  # disk slot -> key it holds; None: no tracking
 
     def _plan(self, spec: TransferSpec) -> list[Task]:
         rows, disk = split_spec(spec, self.cpu_to_disk, DiskLoadStoreSpec, self._pages.shape[0])
-        slots = [int(b) for b in disk.block_ids] if self._slot_keys is not None else rows
-        if len(slots) != len(rows):
-            raise ValueError(f"{len(slots)} disk slots for {len(rows)} disk keys")
+        keys = [bytes(k) for k in disk.block_hashes]
+        evicted = [bytes(k) for k in disk.evicted_hashes] if self.cpu_to_disk else []
+        if not rows and evicted:  # nothing to write: one task still deletes
+            return [("evicted blocks", functools.partial(self._delete, evicted))]
+        n = len(rows)
+        # Task i deletes every n-th evicted key from i: one (usually) per block written.
         return [
-            (f"block {bytes(k).hex()[:16]}", functools.partial(self._block, bytes(k), r, d))
-            for k, r, d in zip(disk.block_hashes, rows, slots, strict=True)
+            (
+                f"block {key.hex()[:16]}",
+                functools.partial(self._block, key, row, evicted[i::n]),
+            )
+            for i, (key, row) in enumerate(zip(keys, rows, strict=True))
         ]
 
-    def _block(self, key: bytes, row: int, slot: int) -> int:
+    def _block(self, key: bytes, row: int, evicted: list[bytes]) -> int:
         if self.cpu_to_disk:
-            self._free_slot(slot, key)
+            self._delete(evicted)
             self._store.write(key, self._pages[row])
-            if self._slot_keys is not None:
-                self._slot_keys[slot] = key
         else:
             self._store.read_into(key, self._pages[row])
         return int(self._pages.shape[1])
 
-    def _free_slot(self, slot: int, key: bytes) -> None:
-        """Delete the block a reused disk slot held: the scheduler evicted it."""
-        if self._slot_keys is None:
-            return
-        old = self._slot_keys.pop(slot, None)
-        if old is not None and old != key:
-            self._store.delete(old)
+    def _delete(self, keys: list[bytes]) -> int:
+        for key in keys:
+            self._store.delete(key)
+        return 0
 
 
 class CpuDiskOffloadingHandlers:
@@ -97,29 +100,12 @@ class CpuDiskOffloadingHandlers:
             does; other rows use buffered I/O.
         disk_store: the open store (its owner closes it).
         io_threads: blocks in flight per direction (``disk_io_threads``).
-        slot_keys: when given, the handler remembers which key each disk slot (the
-            ``block_ids`` of a ``DiskLoadStoreSpec``) holds, starting from this
-            mapping (e.g. slot ``i`` = ``disk_store.recovered[i].key`` after a
-            restart), and a store into a slot first deletes the key that slot held:
-            the scheduler's evictions reach the disk with no message of their own.
-            ``None``: no tracking; the owner deletes evicted keys itself
-            (``DiskStore.delete``).
     """
 
-    def __init__(
-        self,
-        cpu_pages: torch.Tensor,
-        disk_store: DiskStore,
-        io_threads: int = 4,
-        slot_keys: Mapping[int, bytes] | None = None,
-    ) -> None:
+    def __init__(self, cpu_pages: torch.Tensor, disk_store: DiskStore, io_threads: int = 4):
         pages = host_pages(cpu_pages, io_threads)
         self.cpu_to_disk_handler = CpuDiskHandler(
-            cpu_to_disk=True,
-            pages=pages,
-            store=disk_store,
-            io_threads=io_threads,
-            slot_keys=None if slot_keys is None else dict(slot_keys),
+            cpu_to_disk=True, pages=pages, store=disk_store, io_threads=io_threads
         )
         self.disk_to_cpu_handler = CpuDiskHandler(
             cpu_to_disk=False, pages=pages, store=disk_store, io_threads=io_threads

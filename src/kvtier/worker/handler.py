@@ -13,40 +13,14 @@ from __future__ import annotations
 import abc
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from kvtier.blocks import Medium
 from kvtier.errors import ProtocolError
-from kvtier.specs import LoadStoreSpec
+from kvtier.jobs import TransferResult, TransferSpec
 
 logger = logging.getLogger(__name__)
 
-TransferSpec = tuple[LoadStoreSpec, LoadStoreSpec]
-"""``(src_spec, dst_spec)`` of one job."""
-
-
-@dataclass(frozen=True, slots=True)
-class TransferResult:
-    """The outcome of one job.
-
-    Attributes:
-        job_id: the id given to ``transfer_async``.
-        success: whether every byte of the job reached its destination.
-        bytes_moved: bytes copied (0 for a failed job).
-        seconds: time the copy took on its stream or thread (0.0 when it never ran).
-        error: why the job failed; ``None`` on success.
-    """
-
-    job_id: int
-    success: bool
-    bytes_moved: int
-    seconds: float
-    error: str | None = None
-
-    @classmethod
-    def failed(cls, job_id: int, error: str) -> TransferResult:
-        """A failed result that moved nothing."""
-        return cls(job_id=job_id, success=False, bytes_moved=0, seconds=0.0, error=error)
+__all__ = ["OffloadingHandler", "OffloadingWorker", "TransferResult", "TransferSpec", "spec_media"]
 
 
 class OffloadingHandler(abc.ABC):
