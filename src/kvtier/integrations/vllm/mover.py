@@ -15,7 +15,7 @@ it succeeds only when every rank's part did.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +43,6 @@ class RankMover:
         slabs: each rank's slab, ``(num_cpu_blocks, shard_bytes)`` uint8.
         disks: each rank's disk store (empty: no disk tier).
         remotes: each rank's remote store (empty: no remote tier).
-        disk_slot_keys: which key each disk slot holds (the same for every rank).
         disk_io_threads: disk reads/writes in flight per direction and rank.
         remote_io_threads: Redis batches in flight per direction and rank.
     """
@@ -53,7 +52,6 @@ class RankMover:
         slabs: Sequence[np.ndarray],
         disks: Sequence[DiskStore] = (),
         remotes: Sequence[RemoteStore] = (),
-        disk_slot_keys: Mapping[int, bytes] | None = None,
         disk_io_threads: int = 4,
         remote_io_threads: int = 2,
     ) -> None:
@@ -66,9 +64,8 @@ class RankMover:
             pages = torch.from_numpy(slab)
             worker = OffloadingWorker()
             if disks:
-                disk = CpuDiskOffloadingHandlers(
-                    pages, disks[rank], io_threads=disk_io_threads, slot_keys=disk_slot_keys or {}
-                )
+                # Evictions reach the disk in the store specs (``evicted_hashes``).
+                disk = CpuDiskOffloadingHandlers(pages, disks[rank], io_threads=disk_io_threads)
                 worker.register_handler(Medium.CPU, Medium.DISK, disk.cpu_to_disk_handler)
                 worker.register_handler(Medium.DISK, Medium.CPU, disk.disk_to_cpu_handler)
                 self._groups.append(disk)

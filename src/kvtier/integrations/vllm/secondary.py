@@ -29,6 +29,7 @@ model, the row size, the block size and the whole parallel layout (world size).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterable
@@ -149,6 +150,9 @@ class _KvtierTier(SecondaryTierManager):  # type: ignore[misc]
         todo = list(out.block_hashes_to_store)
         cpu = CPULoadStoreSpec(tuple(chunk_of[k] for k in todo))  # type: ignore[misc]
         dst = self._keyed(todo, out.store_spec.block_ids)  # type: ignore[attr-defined]
+        if out.block_hashes_evicted and self.kvtier_medium is Medium.DISK:
+            # The disk follows the index: the store deletes what was evicted for it.
+            dst = dataclasses.replace(dst, evicted_hashes=tuple(out.block_hashes_evicted))
         self._submit(self._store_handler, _Job(job_metadata.job_id, todo, True), (cpu, dst))
 
     def submit_load(self, job_metadata: Any) -> None:
@@ -255,12 +259,9 @@ class KvtierDiskTier(_KvtierTier):
             policy=make_policy(cfg.disk_eviction_policy, num_blocks),
         )
         recovered = [b.key for b in self.store.recovered][-num_blocks:]
-        slots = self.index.restore([BlockHash(k) for k in recovered])
+        self.index.restore([BlockHash(k) for k in recovered])
         self._group = CpuDiskOffloadingHandlers(
-            self._pages,
-            self.store,
-            io_threads=cfg.disk_io_threads,
-            slot_keys=dict(zip(slots, recovered, strict=True)),
+            self._pages, self.store, io_threads=cfg.disk_io_threads
         )
         self._store_handler = self._group.cpu_to_disk_handler
         self._load_handler = self._group.disk_to_cpu_handler

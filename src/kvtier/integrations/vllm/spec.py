@@ -125,9 +125,8 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         disks: list[Any] = []
         remotes: list[Any] = []
         secondaries: list[TierManager] = []
-        slot_keys: dict[int, bytes] = {}
         if cfg.disk_path is not None:
-            disks, disk_tier, slot_keys = self._open_disk(events)
+            disks, disk_tier = self._open_disk()
             secondaries.append(disk_tier)
         if cfg.remote_url is not None:
             remotes = [self._open_remote(rank) for rank in range(self.world_size)]
@@ -155,14 +154,17 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             [region.slab(r) for r in range(self.world_size)],
             disks=disks,
             remotes=remotes,
-            disk_slot_keys=slot_keys,
             disk_io_threads=cfg.disk_io_threads,
             remote_io_threads=cfg.remote_io_threads,
         )
-        tiered = TieredManager(cpu, secondaries, max_pending_writes=cfg.max_pending_writes)
+        # Redis is shared with other engines: its own LRU evicts, never this engine.
+        shared = {Medium.REMOTE: remotes[0]} if remotes else None
+        tiered = TieredManager(
+            cpu, secondaries, max_pending_writes=cfg.max_pending_writes, shared=shared
+        )
         return KvtierManager(cpu, tiered, region, mover, remotes, on_shutdown=close)
 
-    def _open_disk(self, events: bool) -> tuple[list[Any], TierManager, dict[int, bytes]]:
+    def _open_disk(self) -> tuple[list[Any], TierManager]:
         """Each rank's disk store, and one index of the blocks every rank holds."""
         from kvtier.media.disk import DiskStore
         from kvtier.media.disk_layout import block_file_size
@@ -202,9 +204,9 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             policy=make_policy(cfg.disk_eviction_policy, num_blocks),
             enable_events=False,
         )
-        slots = tier.restore([BlockHash(k) for k in recovered])
+        tier.restore([BlockHash(k) for k in recovered])
         logger.info("kvtier: disk tier at %s holds %d block(s)", cfg.disk_path, len(recovered))
-        return stores, tier, dict(zip(slots, recovered, strict=True))
+        return stores, tier
 
     def _open_remote(self, rank: int) -> Any:
         from kvtier.media.health import Backoff
