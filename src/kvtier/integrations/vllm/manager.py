@@ -231,7 +231,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         return bool(
             (self.mover is not None and self.mover.in_flight)
             or (self.tiered is not None and self.tiered.pending_writes)
-            or self._checks
+            or any(not f.done() for f in self._checks.values())
         )
 
     def take_events(self) -> Iterable[Any]:

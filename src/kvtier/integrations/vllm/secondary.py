@@ -345,7 +345,10 @@ class KvtierRedisTier(_KvtierTier):
             return False
 
     def has_pending_work(self) -> bool:
-        return super().has_pending_work() or bool(self._checks)
+        """Jobs in flight, or an existence check still running (a finished one waits
+        for the next lookup of its key and keeps nothing stepping)."""
+        running = any(not f.done() for f in self._checks.values())
+        return super().has_pending_work() or running
 
     def shutdown(self) -> None:
         self._checker.shutdown(wait=True, cancel_futures=True)
