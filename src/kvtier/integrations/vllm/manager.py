@@ -1,0 +1,298 @@
+"""kvtier's ``OffloadingManager`` for vLLM: kvtier's tiers behind vLLM's per-key protocol.
+
+Runs in vLLM's scheduler process (EngineCore), called from the scheduler thread. One
+manager serves every rank (a block's key names all its shards). It wraps kvtier's
+``TierManager`` for the CPU tier (kvtier's policies, pins, byte accounting) and, with
+disk or Redis configured, kvtier's ``TieredManager`` (write-through, promotion).
+
+vLLM's lookup is per key and answers one of four values:
+
+=================  ==============================================================
+``HIT``            READY in the CPU tier (counted as a use: vLLM never calls touch)
+``HIT_PENDING``    being stored into the CPU tier: from the GPU, or promoted from
+                   disk / Redis (vLLM asks again at a later step)
+``RETRY``          kvtier is asking Redis whether another engine stored it
+``MISS``           in no tier, or a promotion / check of it failed
+=================  ==============================================================
+
+A block in disk or Redis only is promoted into the CPU tier *before* vLLM hears it hit:
+the lookup starts the promotion (``RankMover``, off this thread) and answers
+``HIT_PENDING``; when every rank's shard has been read and verified it is READY and the
+next lookup answers ``HIT``. A failed promotion (a block failing its checksum, a file
+gone, Redis down) drops the block from the CPU tier and from the tier that could not
+deliver it, so the next lookup answers ``MISS`` and vLLM recomputes. vLLM's loads
+therefore only ever read READY CPU blocks, and no failure reaches its asserts.
+
+Recency: vLLM never calls ``touch``; a ``HIT`` lookup and ``prepare_load`` count as uses.
+
+Threads: the manager's state is only touched by the thread that calls it. The mover's
+I/O threads never touch it (they report through the mover's queues, polled here). The
+``lock`` is a real lock all the same, so a caller on another thread is excluded; vLLM
+0.33 holds it for each step, 0.32 never takes it, and neither matters to the I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from kvtier.blocks import BlockHash, Medium
+from kvtier.errors import KvtierError
+from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.mover import RankMover
+from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
+from kvtier.media.remote import RemoteStore
+from kvtier.scheduler.manager import BlockState, TierManager
+from kvtier.scheduler.tiering import TieredManager, TierJob
+from kvtier.specs import BlockIdsSpec
+
+logger = logging.getLogger(__name__)
+
+REFUSED_CAP = 65536
+"""Keys remembered as failed promotions (oldest forgotten first)."""
+
+
+class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
+    """The scheduler side of kvtier's vLLM spec. Built by ``KvtierOffloadingSpec``.
+
+    Args:
+        cpu: the CPU tier.
+        tiered: the CPU tier composed with disk / Redis, or ``None``.
+        region: the shared CPU memory (its status bytes report failed stores).
+        mover: runs promotions and write-throughs, or ``None`` without slow tiers.
+        remotes: each rank's Redis store, for discovering blocks other engines wrote.
+        on_shutdown: closes the stores and the region.
+    """
+
+    def __init__(
+        self,
+        cpu: TierManager,
+        tiered: TieredManager | None,
+        region: HostRegion,
+        mover: RankMover | None = None,
+        remotes: Sequence[RemoteStore] = (),
+        on_shutdown: Any = None,
+    ) -> None:
+        self.cpu = cpu
+        self.tiered = tiered
+        self.region = region
+        self.mover = mover
+        self._remotes = list(remotes)
+        self._on_shutdown = on_shutdown
+        self._lock = threading.Lock()
+        self._kinds: dict[int, str] = {}  # mover job id -> "promote" | "write"
+        self._checks: dict[BlockHash, Future[bool]] = {}
+        self._absent: dict[str, set[BlockHash]] = {}  # req_id -> keys Redis lacks
+        # Keys whose promotion failed: never rediscovered in Redis (no retry loop).
+        self._refused: OrderedDict[BlockHash, None] = OrderedDict()
+        self._checker = ThreadPoolExecutor(1, "kvtier-vllm-discover") if self._remotes else None
+        self.counts = {"hits": 0, "pending": 0, "retries": 0, "misses": 0, "promotion_failures": 0}
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    # -- lookups ----------------------------------------------------------------------
+
+    def lookup(self, key: Any, req_context: Any) -> Any:
+        """One key: HIT, HIT_PENDING, RETRY or MISS (see the module doc)."""
+        self._poll()
+        k = BlockHash(bytes(key))
+        state = self.cpu.state(k)
+        if state is BlockState.READY:
+            self.cpu.lookup([k])
+            self.cpu.touch([k])
+            return self._count("hits", compat.LookupResult.HIT)
+        if state is BlockState.STORING:
+            return self._count("pending", compat.LookupResult.HIT_PENDING)
+        self.cpu.lookup([k])  # a miss: counted, and a use for reuse-gated admission
+        tiered = self.tiered
+        if tiered is None or self.mover is None:
+            return self._count("misses", compat.LookupResult.MISS)
+        if tiered.holder(k) is None and not self._discover(k, req_context.req_id):
+            pending = k in self._checks
+            return self._count(
+                "retries" if pending else "misses",
+                compat.LookupResult.RETRY if pending else compat.LookupResult.MISS,
+            )
+        jobs = tiered.prepare_promotion([k])
+        if not jobs:  # None: no CPU room now; []: cannot happen (not READY in CPU)
+            return self._count("misses", compat.LookupResult.MISS)
+        for job in jobs:
+            self._kinds[self.mover.submit(job)] = "promote"
+        return self._count("pending", compat.LookupResult.HIT_PENDING)
+
+    def _discover(self, key: BlockHash, req_id: str) -> bool:
+        """Whether Redis is now known to hold ``key`` (starts a check if none ran)."""
+        if self._checker is None or key in self._refused or key in self._absent.get(req_id, ()):
+            return False
+        future = self._checks.get(key)
+        if future is None:
+            self._checks[key] = self._checker.submit(self._exists_everywhere, bytes(key))
+            return False
+        if not future.done():
+            return False
+        del self._checks[key]
+        if future.result():
+            assert self.tiered is not None
+            remote = next(t for t in self.tiered.secondaries if t.medium is Medium.REMOTE)
+            return bool(remote.adopt([key]))
+        self._absent.setdefault(req_id, set()).add(key)
+        return False
+
+    def _exists_everywhere(self, key: bytes) -> bool:
+        """On the checker thread: every rank's shard is in Redis (a failure: no)."""
+        try:
+            return all(store.exists_many([key])[0] for store in self._remotes)
+        except KvtierError:
+            return False
+
+    def _count(self, name: str, result: Any) -> Any:
+        self.counts[name] += 1
+        return result
+
+    # -- loads ------------------------------------------------------------------------
+
+    def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
+        """Pin READY CPU blocks (a use of each) and say where they are."""
+        ks = [BlockHash(bytes(k)) for k in keys]
+        self.cpu.touch(ks)
+        spec = self.cpu.prepare_load(ks)
+        assert isinstance(spec, BlockIdsSpec)
+        return compat.CPULoadStoreSpec([int(b) for b in spec.block_ids])
+
+    def touch(self, keys: Collection[Any], req_context: Any) -> None:
+        ks = [BlockHash(bytes(k)) for k in keys]
+        (self.tiered or self.cpu).touch(ks)
+
+    def complete_load(self, keys: Collection[Any], req_context: Any) -> None:
+        self.cpu.complete_load([BlockHash(bytes(k)) for k in keys])
+
+    # -- stores -----------------------------------------------------------------------
+
+    def prepare_store(self, keys: Collection[Any], req_context: Any) -> Any:
+        """Choose the keys to store into the CPU tier, evicting by kvtier's policy."""
+        self._poll()
+        ks = [BlockHash(bytes(k)) for k in keys]
+        out = (self.tiered or self.cpu).prepare_store(ks)
+        if out is None:
+            return None
+        spec = out.store_spec
+        assert isinstance(spec, BlockIdsSpec)
+        return compat.PrepareStoreOutput(
+            keys_to_store=[compat.OffloadKey(bytes(k)) for k in out.block_hashes_to_store],
+            store_spec=compat.CPULoadStoreSpec([int(b) for b in spec.block_ids]),
+            evicted_keys=[compat.OffloadKey(bytes(k)) for k in out.block_hashes_evicted],
+        )
+
+    def complete_store(self, keys: Collection[Any], req_context: Any, success: bool = True) -> None:
+        """Blocks every rank stored become READY (and queued for disk / Redis); a block
+        a rank failed to store (its status byte) is dropped instead."""
+        ks = [BlockHash(bytes(k)) for k in keys]
+        status = self.region.status()
+        good: list[BlockHash] = []
+        bad: list[BlockHash] = []
+        for k in ks:
+            slot = self.cpu.slot(k)
+            failed = (
+                slot is not None
+                and self.cpu.state(k) is BlockState.STORING
+                and bool((status[:, slot] == STORE_FAILED).any())
+            )
+            if slot is not None:
+                status[:, slot] = STORE_OK
+            (bad if failed or not success else good).append(k)
+        target = self.tiered or self.cpu
+        if good:
+            target.complete_store(good, True)
+        if bad:
+            logger.warning("kvtier: %d block(s) failed to store and are dropped", len(bad))
+            target.complete_store(bad, False)
+        self._start_writes()
+
+    # -- requests and steps -----------------------------------------------------------
+
+    def on_new_request(self, req_context: Any) -> Any:
+        return compat.RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: Any) -> None:
+        self._absent.pop(req_context.req_id, None)
+
+    def on_schedule_end(self, context: Any) -> None:
+        self._poll()
+        self._start_writes()
+
+    def has_pending_work(self) -> bool:
+        """True while promotions, write-throughs or Redis checks are in flight."""
+        return bool(
+            (self.mover is not None and self.mover.in_flight)
+            or (self.tiered is not None and self.tiered.pending_writes)
+            or any(not f.done() for f in self._checks.values())
+        )
+
+    def take_events(self) -> Iterable[Any]:
+        """The CPU tier's stored / removed blocks as vLLM ``OffloadingEvent``s."""
+        for event in self.cpu.take_events():
+            yield compat.OffloadingEvent(
+                keys=[compat.OffloadKey(bytes(k)) for k in event.block_hashes],
+                medium=compat.Medium.CPU,
+                removed=event.removed,
+            )
+        if self.tiered is not None:
+            for tier in self.tiered.secondaries:
+                list(tier.take_events())  # kept bounded; vLLM has no medium for them
+
+    def reset_cache(self) -> None:
+        """Forget every CPU block that nothing pins (a prefix-cache reset)."""
+        self._poll()
+        self.cpu.discard(self.cpu.keys())
+
+    def on_reset_flushed(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        """Finish in-flight tier jobs, stop the threads, close the stores and the region."""
+        if self._checker is not None:
+            self._checker.shutdown(wait=True, cancel_futures=True)
+        if self.mover is not None:
+            self.mover.shutdown()
+            self._poll()
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _poll(self) -> None:
+        if self.mover is None:
+            return
+        tiered = self.tiered
+        assert tiered is not None
+        for job_id, job, ok, error in self.mover.poll():
+            kind = self._kinds.pop(job_id)
+            if kind == "promote":
+                if not ok:
+                    self.counts["promotion_failures"] += len(job.block_hashes)
+                    logger.warning("kvtier: promotion failed, recomputing: %s", error)
+                    for key in job.block_hashes:
+                        self._refused[key] = None
+                    while len(self._refused) > REFUSED_CAP:
+                        self._refused.popitem(last=False)
+                tiered.complete_promotion(job, ok)
+            else:
+                if not ok:
+                    logger.warning("kvtier: write-through failed: %s", error)
+                tiered.complete_write(job, ok)
+
+    def _start_writes(self) -> None:
+        if self.tiered is None or self.mover is None:
+            return
+        for job in self.tiered.prepare_writes():
+            self._submit(job, "write")
+
+    def _submit(self, job: TierJob, kind: str) -> None:
+        assert self.mover is not None
+        self._kinds[self.mover.submit(job)] = kind

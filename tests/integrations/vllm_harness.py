@@ -1,0 +1,284 @@
+"""vLLM's real scheduler and connector with kvtier's spec, and a fake model over CPU tensors.
+
+Used by the vLLM 0.33 tests (vLLM installed ``--no-deps``: no compiled ops, so no real
+model runs, but the scheduler side and the connector's worker half are pure Python).
+``Harness`` builds vLLM's ``Scheduler`` (which builds vLLM's ``OffloadingConnector``,
+which loads kvtier's spec by module path and calls ``get_manager``), and one vLLM
+``OffloadingConnectorWorker`` per rank over kvtier's worker, each with its own "GPU"
+KV tensor in host memory. Each step runs as vLLM's engine does: schedule, the workers
+start transfers, the fake model writes the KV of every computed token, stores are
+queued, results are aggregated across ranks (vLLM's ``KVOutputAggregator``) and fed
+back.
+
+The fake model's KV is a byte oracle: token ``p`` of a request, on rank ``r``, has
+the bytes of ``sha256(r, tokens[0..p])`` in its row of its block. Before the model
+computes anything for a request, every row the request already has (from the GPU
+prefix cache or loaded by kvtier) is checked against that oracle; one wrong byte
+fails the test.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torch
+    from vllm import SamplingParams
+    from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+        build_offloading_config,
+    )
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import (
+        OffloadingConnectorWorker,
+    )
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+    )
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+from kvtier.integrations.vllm.spec import KvtierOffloadingSpec
+
+BLOCK = 32
+LAYERS = 2
+HEAD = 32
+PAGE = LAYERS * 2 * BLOCK * HEAD * 4  # one kv head per rank, fp32
+ROW = PAGE // BLOCK  # bytes of one token in a page
+EOS = 0
+
+
+def token_bytes(rank: int, prefix_digest: bytes) -> np.ndarray:
+    """The oracle's bytes of one token row."""
+    digest = hashlib.sha256(bytes([rank]) + prefix_digest).digest()
+    return np.frombuffer((digest * (ROW // 32 + 1))[:ROW], dtype=np.uint8)
+
+
+@dataclass
+class Rank:
+    rank: int
+    connector: Any
+    kv: torch.Tensor  # (num_blocks, PAGE) uint8: the "GPU"
+
+
+@dataclass
+class Harness:
+    """See the module doc. Build with ``Harness.build``."""
+
+    scheduler: Any
+    ranks: list[Rank]
+    model_dir: Path
+    digests: dict[str, list[bytes]] = field(default_factory=dict)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    checked_rows: int = 0
+    steps: int = 0
+    hold_rank: int | None = None  # a rank whose results are held back one step
+    _verified: set[str] = field(default_factory=set)
+    last_meta: Any = None
+    _held: Any = None
+
+    @classmethod
+    def build(
+        cls,
+        model_dir: Path,
+        extra_config: dict[str, Any],
+        *,
+        engine_id: str,
+        num_gpu_blocks: int,
+        world_size: int = 2,
+    ) -> Harness:
+        args = EngineArgs(
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            block_size=BLOCK,
+            enable_prefix_caching=True,
+            max_model_len=1024,
+            max_num_seqs=4,
+            max_num_batched_tokens=1024,
+            dtype="float32",
+            tensor_parallel_size=world_size,
+            distributed_executor_backend="mp",
+            kv_transfer_config={
+                "kv_connector": "OffloadingConnector",
+                "kv_role": "kv_both",
+                "engine_id": engine_id,
+                "kv_connector_extra_config": extra_config,
+            },
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            vllm_config = args.create_engine_config()
+        vllm_config.scheduler_config.async_scheduling = False
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_gpu_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[
+                KVCacheGroupSpec(
+                    [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
+                    FullAttentionSpec(
+                        block_size=BLOCK, num_kv_heads=1, head_size=HEAD, dtype=torch.float32
+                    ),
+                )
+            ],
+        )
+        vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+        ranks = []
+        for rank in range(world_size):  # vLLM starts the workers before the scheduler
+            cfg = copy.deepcopy(vllm_config)
+            cfg.parallel_config.rank = rank
+            spec = KvtierOffloadingSpec(build_offloading_config(cfg, kv_cache_config))
+            connector = OffloadingConnectorWorker(spec, cfg, kv_cache_config)
+            kv = torch.zeros((num_gpu_blocks, PAGE), dtype=torch.uint8)
+            connector._init_worker(  # what register_kv_caches ends with
+                CanonicalKVCaches(
+                    tensors=[CanonicalKVCacheTensor(kv.view(torch.int8), PAGE)],
+                    group_data_refs=[[CanonicalKVCacheRef(0, PAGE)]],
+                )
+            )
+            ranks.append(Rank(rank, connector, kv))
+        scheduler = Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=BLOCK,
+            log_stats=True,
+        )
+        init_none_hash(get_hash_fn_by_name("sha256"))
+        return cls(scheduler, ranks, model_dir)
+
+    @property
+    def manager(self) -> Any:
+        return self.scheduler.connector.connector_scheduler.manager
+
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 3) -> None:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        params.update_from_generation_config({}, EOS)
+        hasher = get_request_block_hasher(BLOCK, get_hash_fn_by_name("sha256"))
+        req = Request(req_id, list(prompt), params, None, block_hasher=hasher)
+        self.tokens[req_id] = list(prompt)
+        self.digests[req_id] = []
+        self.scheduler.add_request(req)
+
+    def _digest(self, req_id: str, upto: int) -> list[bytes]:
+        digests, tokens = self.digests[req_id], self.tokens[req_id]
+        while len(digests) < upto:
+            prev = digests[-1] if digests else b""
+            digests.append(
+                hashlib.sha256(prev + tokens[len(digests)].to_bytes(4, "little")).digest()
+            )
+        return digests
+
+    def _rows(self, rank: Rank, block_ids: list[int], start: int, stop: int):  # type: ignore[no-untyped-def]
+        for p in range(start, stop):
+            yield p, rank.kv[block_ids[p // BLOCK], (p % BLOCK) * ROW : (p % BLOCK + 1) * ROW]
+
+    def step(self) -> None:
+        """One engine step (see the module doc)."""
+        so = self.scheduler.schedule()
+        meta = so.kv_connector_metadata
+        self.last_meta = meta
+        for r in self.ranks:
+            r.connector.handle_preemptions(meta)
+            r.connector.start_kv_transfers(meta)
+            r.connector.worker.wait(set(meta.load_jobs))  # loads land before the forward
+        sampled: dict[str, int] = {}
+        manager = self.scheduler.kv_cache_manager
+        for new in so.scheduled_new_reqs:
+            self._forward(new.req_id, new.num_computed_tokens, manager, so, sampled)
+        cached = so.scheduled_cached_reqs
+        for req_id, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            self._forward(req_id, done, manager, so, sampled)
+        outputs = []
+        for r in self.ranks:
+            r.connector.prepare_store_kv(meta)
+            r.connector.start_kv_transfers(  # submit the deferred stores now, and wait:
+                type(meta)(load_jobs={}, store_jobs={})  # results are deterministic
+            )
+            r.connector.worker.wait(set(meta.store_jobs))
+            _, recving = r.connector.get_finished(so.finished_req_ids)
+            outputs.append(
+                ModelRunnerOutput(
+                    req_ids=list(sampled),
+                    req_id_to_index={k: i for i, k in enumerate(sampled)},
+                    sampled_token_ids=[[t] for t in sampled.values()],
+                    kv_connector_output=KVConnectorOutput(
+                        finished_recving=recving or None,
+                        kv_connector_worker_meta=r.connector.build_connector_worker_meta(),
+                    ),
+                )
+            )
+        if self.hold_rank is not None:
+            held, self._held = self._held, outputs[self.hold_rank]
+            outputs[self.hold_rank] = held if held is not None else _empty(sampled)
+        merged = KVOutputAggregator(len(self.ranks)).aggregate(outputs)
+        self.scheduler.update_from_output(so, merged)
+        self.steps += 1
+
+    def _forward(
+        self, req_id: str, done: int, manager: Any, so: Any, sampled: dict[str, int]
+    ) -> None:
+        """The model's step for one request: ``done`` tokens are in its blocks already."""
+        req = self.scheduler.requests[req_id]
+        n = so.num_scheduled_tokens[req_id]
+        tokens = self.tokens[req_id]
+        block_ids = manager.get_block_ids(req_id)[0]
+        digests = self._digest(req_id, min(done + n, len(tokens)))
+        first = req_id not in self._verified
+        self._verified.add(req_id)
+        for r in self.ranks:
+            if first and done:  # what the prefix cache and kvtier gave it, before any compute
+                pages = r.kv[torch.tensor(block_ids[: (done + BLOCK - 1) // BLOCK])]
+                rows = pages.reshape(-1, ROW)[:done].numpy()
+                want = np.stack([token_bytes(r.rank, d) for d in digests[:done]])
+                bad = np.flatnonzero((rows != want).any(axis=1))
+                if len(bad):
+                    p = int(bad[0])
+                    raise AssertionError(
+                        f"request {req_id} rank {r.rank}: token {p} (block "
+                        f"{block_ids[p // BLOCK]}) holds wrong KV bytes"
+                    )
+                self.checked_rows += done
+            for p, row in self._rows(r, block_ids, done, min(done + n, len(tokens))):
+                row.copy_(torch.from_numpy(token_bytes(r.rank, digests[p]).copy()))
+        if done + n >= req.num_prompt_tokens:
+            token = 1 + int(hashlib.sha256(digests[-1]).digest()[0]) % 400
+            sampled[req_id] = token
+            self.tokens[req_id].append(token)
+
+    def run(self, max_steps: int = 10_000) -> None:
+        """Step until every request has finished."""
+        while self.scheduler.has_requests():
+            self.step()
+            assert self.steps < max_steps, "the scheduler did not drain"
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            r.connector.shutdown()
+        self.scheduler.shutdown()
+
+
+def _empty(sampled: dict[str, int]) -> Any:
+    return ModelRunnerOutput(
+        req_ids=list(sampled),
+        req_id_to_index={k: i for i, k in enumerate(sampled)},
+        sampled_token_ids=[[t] for t in sampled.values()],
+        kv_connector_output=KVConnectorOutput(),
+    )
