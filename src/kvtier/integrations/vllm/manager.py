@@ -45,10 +45,10 @@ from kvtier.errors import KvtierError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
+from kvtier.load_store_specs import BlockIdsSpec
 from kvtier.media.remote import RemoteStore
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.tiering import TieredManager, TierJob
-from kvtier.specs import BlockIdsSpec
 
 logger = logging.getLogger(__name__)
 

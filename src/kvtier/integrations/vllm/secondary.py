@@ -48,9 +48,9 @@ from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.keys import ModelFingerprint, root_key
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.scheduler import TierManager, make_policy
 from kvtier.scheduler.manager import BlockState
-from kvtier.specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class KvtierRedisTier(_KvtierTier):
         super().__init__(
             offloading_spec, primary_kv_view, tier_type, backpressure_detector, locality
         )
-        from kvtier.media.health import Backoff
+        from kvtier.media.circuit_breaker import Backoff
         from kvtier.media.redis_client import RemoteOptions
         from kvtier.media.remote import RemoteStore
         from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers

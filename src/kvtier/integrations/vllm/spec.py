@@ -209,7 +209,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         return stores, tier
 
     def _open_remote(self, rank: int) -> Any:
-        from kvtier.media.health import Backoff
+        from kvtier.media.circuit_breaker import Backoff
         from kvtier.media.redis_client import RemoteOptions
         from kvtier.media.remote import RemoteStore
 
