@@ -6,9 +6,9 @@ and every error says what is wrong (written to kill mutants that survived
 from __future__ import annotations
 
 import struct
-import zlib
 
 import pytest
+import xxhash
 
 from kvtier.errors import IntegrityError
 from kvtier.media import block_format as bf
@@ -23,7 +23,7 @@ def test_a_given_checksum_is_written_as_given() -> None:
     with pytest.raises(IntegrityError) as err:
         bf.verify(header, PAYLOAD, key=KEY, fingerprint=FP)
     assert err.value.reason == Corruption.CHECKSUM_MISMATCH
-    assert "payload bytes do not match their CRC-32" in str(err.value)
+    assert "payload bytes do not match their XXH3-64" in str(err.value)
 
 
 @pytest.mark.parametrize(("key", "fp", "name"), [(b"", FP, "key"), (KEY, b"", "fingerprint")])
@@ -33,10 +33,10 @@ def test_empty_names_are_refused_by_name(key: bytes, fp: bytes, name: str) -> No
 
 
 def _with_key_length(header: bytes, klen: int, flen: int) -> bytes:
-    """The header with its name lengths rewritten and both CRCs made right again."""
-    body = bytearray(header[:-4])
+    """The header with its name lengths rewritten and its checksum made right again."""
+    body = bytearray(header[:-8])
     struct.pack_into("<HH", body, 12, klen, flen)
-    return bytes(body) + struct.pack("<I", zlib.crc32(body))
+    return bytes(body) + struct.pack("<Q", xxhash.xxh3_64_intdigest(bytes(body)))
 
 
 def test_a_zero_key_length_is_corrupt_even_with_a_fingerprint() -> None:
@@ -73,6 +73,6 @@ def test_error_messages_say_what_is_wrong() -> None:
         assert words in str(err.value)
     flipped = bytearray(header)
     flipped[20] ^= 1
-    with pytest.raises(IntegrityError, match="header bytes do not match their CRC"):
+    with pytest.raises(IntegrityError, match="header bytes do not match their checksum"):
         bf.decode_header(bytes(flipped))
     assert bf.decode_header(header).version == bf.FORMAT_VERSION
