@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -131,20 +132,32 @@ def test_the_registry_is_the_engines_own_and_can_be_mounted_elsewhere(
             llm.close()
 
 
+def _threads_settled() -> set[threading.Thread]:
+    """The live threads, once the metrics server's per-request handler threads are gone
+    (each ends on its own schedule after its response was read)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+        "process_request_thread" in t.name for t in threading.enumerate()
+    ):
+        time.sleep(0.01)
+    return set(threading.enumerate())
+
+
 def test_metrics_bind_loopback_unless_told_and_bad_ports_are_config_errors(
     tiny_model: PreTrainedModel,
 ) -> None:
     with LLM(model=tiny_model, num_gpu_blocks=8, block_size=PAGE, metrics_port=0) as llm:
         server = llm.observability.server
         assert server is not None and server.host == "127.0.0.1"
-        with socket.socket() as s:  # the port really is bound, on loopback
-            s.settimeout(10)
-            s.connect(("127.0.0.1", server.port))
-        threads = threading.active_count()
+        # The port really is bound, on loopback: a whole request is served (so its
+        # handler thread has run before the threads are counted).
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
+            assert r.status == 200 and b"kvtier_requests_total" in r.read()
+        threads = _threads_settled()
         with pytest.raises(ConfigError) as err:
             LLM(model=tiny_model, num_gpu_blocks=8, block_size=PAGE, metrics_port=server.port)
         assert err.value.key == "metrics_port" and "in use" in str(err.value)
-        assert threading.active_count() == threads  # nothing left running
+        assert _threads_settled() == threads  # nothing left running
     for bad in (-1, 65536, "9090", True):
         with pytest.raises(ConfigError) as err:
             LLM(model=tiny_model, num_gpu_blocks=8, block_size=PAGE, metrics_port=bad)  # type: ignore[arg-type]
