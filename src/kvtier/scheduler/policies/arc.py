@@ -83,6 +83,14 @@ class ARCPolicy(SegmentedPolicy):
         elif key in self._t2:
             self._t2.touch(key)
 
+    def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
+        if not isinstance(ready, (set, frozenset)) or not ready.issuperset(keys):
+            super().touch_all(keys, ready)
+            return
+        # Every key is reused: each leaves T1 (if there) for T2's hot end, in turn.
+        self._t1.discard_all(keys)
+        self._t2.move_all_to_end(keys)
+
     def choose_victims(
         self,
         n: int,

@@ -27,9 +27,9 @@ without the generator.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Generator, Hashable, Iterator, Sequence
-from itertools import islice
+from itertools import filterfalse, islice, repeat
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -68,6 +68,35 @@ class RecencyList(Generic[K]):
             del self._parked[key]  # a stale heap entry, if any, is dropped lazily
             self._order[key] = None
 
+    def touch_all(self, keys: Sequence[K]) -> None:
+        """``touch`` each key, in order (each must be in the list)."""
+        parked = self._parked
+        if parked and not parked.keys().isdisjoint(keys):
+            for key in keys:
+                self.touch(key)
+        else:  # the usual case: one C-level pass
+            deque(map(self._order.move_to_end, keys), maxlen=0)
+
+    def move_all_to_end(self, keys: Sequence[K]) -> None:
+        """Make each key the most recent, in order, adding those not in the list."""
+        order, parked = self._order, self._parked
+        if parked and not parked.keys().isdisjoint(keys):
+            for key in keys:
+                if parked.pop(key, None) is None:
+                    order.pop(key, None)
+                order[key] = None
+        else:  # C-level: add the new keys, then move every key to the end in turn
+            order.update(dict.fromkeys(filterfalse(order.__contains__, keys)))
+            deque(map(order.move_to_end, keys), maxlen=0)
+
+    def discard_all(self, keys: Sequence[K]) -> None:
+        """Remove those of ``keys`` that are in the list."""
+        deque(map(self._order.pop, keys, repeat(None)), maxlen=0)
+        parked = self._parked
+        if parked:
+            for key in parked.keys() & set(keys):
+                del parked[key]
+
     def remove(self, key: K) -> None:
         """Remove a key that is in the list."""
         if key in self._order:
@@ -91,10 +120,16 @@ class RecencyList(Generic[K]):
             heapq.heappush(self._released, (seq, key))
 
     def release_all(self, keys: Sequence[K]) -> None:
-        """``release`` each key; nothing to do unless some key was parked."""
-        if self._parked:
-            for key in keys:
-                self.release(key)
+        """``release`` each key; nothing to do unless some key was parked.
+
+        Only the parked keys among ``keys`` are visited (a C-level intersection), so
+        releasing costs nothing per pinned block elsewhere in the list. The order of
+        the pushes does not matter: the heap orders them by parking sequence.
+        """
+        parked = self._parked
+        if parked:
+            for key in parked.keys() & set(keys):
+                heapq.heappush(self._released, (parked[key], key))
 
     def coldest(
         self, n: int, is_held: Callable[[K], bool], protected: Collection[K]
