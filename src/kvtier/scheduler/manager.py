@@ -217,7 +217,10 @@ class TierManager:
         when that is not enough.
         """
         slots = self._slots
-        to_store = list(filterfalse(slots.__contains__, dict.fromkeys(block_hashes)))
+        unique = dict.fromkeys(block_hashes)
+        to_store = list(filterfalse(slots.__contains__, unique))
+        # Only resident keys of the store can be victims; usually there are none.
+        all_new = len(to_store) == len(unique)
         if self.store_threshold > 1:
             admitted = [k for k in to_store if self._seen.get(k, 0) >= self.store_threshold]
             self._n["stores_skipped"] += len(to_store) - len(admitted)
@@ -227,7 +230,7 @@ class TierManager:
         if need > 0:
             victims = None
             if len(to_store) <= self.num_blocks:
-                protected = block_hashes if len(block_hashes) < 8 else set(block_hashes)
+                protected = () if all_new else unique.keys()
                 victims = self.policy.choose_victims(need, self._is_held, protected, to_store)
             if victims is None:
                 self._n["stores_rejected"] += len(to_store)

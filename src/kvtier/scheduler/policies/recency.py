@@ -94,8 +94,14 @@ class RecencyList(Generic[K]):
         deque(map(self._order.pop, keys, repeat(None)), maxlen=0)
         parked = self._parked
         if parked:
-            for key in parked.keys() & set(keys):
+            for key in parked.keys() & keys:  # C-level: looks each key up in parked
                 del parked[key]
+
+    def holds_all(self, keys: Sequence[K]) -> bool:
+        """Whether every key is in the list (one C-level pass when none is parked)."""
+        if self._parked:
+            return all(key in self for key in keys)
+        return all(map(self._order.__contains__, keys))
 
     def remove(self, key: K) -> None:
         """Remove a key that is in the list."""
@@ -107,6 +113,9 @@ class RecencyList(Generic[K]):
     def remove_all(self, keys: Sequence[K]) -> None:
         """``remove`` each key."""
         order, parked = self._order, self._parked
+        if not parked:  # every key is in the order: one C-level pass
+            deque(map(order.__delitem__, keys), maxlen=0)
+            return
         for key in keys:
             if key in order:
                 del order[key]
@@ -128,7 +137,7 @@ class RecencyList(Generic[K]):
         """
         parked = self._parked
         if parked:
-            for key in parked.keys() & set(keys):
+            for key in parked.keys() & keys:
                 heapq.heappush(self._released, (parked[key], key))
 
     def coldest(
@@ -141,7 +150,7 @@ class RecencyList(Generic[K]):
             if (
                 len(victims) == n
                 and not any(map(is_held, victims))
-                and not any(map(protected.__contains__, victims))
+                and not (protected and any(map(protected.__contains__, victims)))
             ):
                 return victims
         candidates = self.evictable(is_held, protected)
