@@ -84,6 +84,9 @@ class ARCPolicy(SegmentedPolicy):
             self._t2.touch(key)
 
     def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
+        if self._t2.holds_all(keys):  # the usual case: a touch only moves a T2 block
+            self._t2.touch_all(keys)
+            return
         if not isinstance(ready, (set, frozenset)) or not ready.issuperset(keys):
             super().touch_all(keys, ready)
             return
