@@ -23,7 +23,8 @@ that each batch call is a few C-level set and dict operations (``update``,
 
     _slots: key -> slot      every resident block (STORING or READY)
     _ready: set              READY blocks            (STORING = in _slots, not in _ready)
-    _pins:  key -> count     READY blocks pinned by loads (absent = no pins)
+    _pinned: set             READY blocks pinned by at least one load
+    _extra: key -> count     pins beyond the first (rare: the same block in two loads)
     _busy:  set              STORING or pinned: what eviction must not take
 """
 
@@ -93,7 +94,8 @@ class TierManager:
         self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
         self._slots: dict[BlockHash, BlockId] = {}  # resident blocks (module docstring)
         self._ready: set[BlockHash] = set()
-        self._pins: Counter[BlockHash] = Counter()
+        self._pinned: set[BlockHash] = set()
+        self._extra: Counter[BlockHash] = Counter()
         # Blocks STORING or pinned by a load: not evictable now. A set, so that the
         # policy's "is it held?" is one C-level membership test.
         self._busy: set[BlockHash] = set()
@@ -125,7 +127,7 @@ class TierManager:
 
     def pins(self, key: BlockHash) -> int:
         """How many loads currently pin the block (0 when absent)."""
-        return self._pins.get(key, 0)
+        return (key in self._pinned) + self._extra.get(key, 0)
 
     def slot(self, key: BlockHash) -> BlockId | None:
         """The block's slot, or ``None`` when it is not resident."""
@@ -167,8 +169,16 @@ class TierManager:
                 f"prepare_load: block {key.hex()[:16]} is "
                 f"{'storing' if key in self._slots else 'absent'}, not ready"
             )
+        pinned = self._pinned
+        if pinned.isdisjoint(block_hashes):  # the usual case: first pins, C-level
+            before = len(pinned)
+            pinned.update(block_hashes)
+            if len(pinned) - before != len(block_hashes):  # a key listed twice
+                pinned.difference_update(block_hashes)
+                self._pin_each(block_hashes)
+        else:
+            self._pin_each(block_hashes)
         self._busy.update(block_hashes)
-        self._pins.update(block_hashes)  # counts each key (C-level)
         self._n["loads"] += len(block_hashes)
         return self._spec_type.for_blocks(
             block_hashes, list(map(self._slots.__getitem__, block_hashes))
@@ -190,21 +200,31 @@ class TierManager:
         Raises:
             ProtocolError: a key is absent or not pinned (nothing is unpinned).
         """
-        pins = self._pins
+        pinned, extra = self._pinned, self._extra
+        if not extra and pinned.issuperset(block_hashes):  # one pin each, usually
+            before = len(pinned)
+            pinned.difference_update(block_hashes)
+            if before - len(pinned) == len(block_hashes):
+                self._busy.difference_update(block_hashes)
+                self.policy.release_all(block_hashes)
+                return
+            pinned.update(block_hashes)  # a key listed twice: undo, count below
         need = Counter(block_hashes)
         for key, count in need.items():
-            if pins.get(key, 0) < count:
+            if (key in pinned) + extra.get(key, 0) < count:
                 raise ProtocolError(
                     f"complete_load: block {key.hex()[:16]} is not pinned by a load"
                 )
         released = []
         for key, count in need.items():
-            left = pins[key] - count
-            if left:
-                pins[key] = left
+            left = 1 + extra.get(key, 0) - count  # pins left (the check above: >= 0)
+            if left > 1:
+                extra[key] = left - 1
             else:
-                del pins[key]
-                released.append(key)
+                extra.pop(key, None)
+                if left == 0:
+                    pinned.remove(key)
+                    released.append(key)
         self._busy.difference_update(released)
         self.policy.release_all(released)
 
@@ -401,6 +421,15 @@ class TierManager:
             self._events.append(
                 OffloadingEvent(tuple(victims), self.block_size, self.medium, removed=True)
             )
+
+    def _pin_each(self, keys: Sequence[BlockHash]) -> None:
+        """Add one pin per occurrence of each key, one key at a time."""
+        pinned, extra = self._pinned, self._extra
+        for key in keys:
+            if key in pinned:
+                extra[key] += 1
+            else:
+                pinned.add(key)
 
     def _count_seen(self, keys: Sequence[BlockHash]) -> None:
         seen = self._seen
