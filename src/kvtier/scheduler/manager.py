@@ -314,14 +314,18 @@ class TierManager:
             raise ProtocolError(
                 f"complete_store: block {key.hex()[:16]} was not prepared for storing"
             )
-        # The STORING keys, once each (READY ones are left as they are).
-        changed = list(dict.fromkeys(filterfalse(ready.__contains__, block_hashes)))
+        # The STORING keys (READY ones are left as they are), each once.
+        changed = list(filterfalse(ready.__contains__, block_hashes))
         self._busy.difference_update(changed)  # a STORING block has no load pins
         if success:
+            before = len(ready)
             ready.update(changed)
+            if len(ready) - before != len(changed):  # a key listed twice
+                changed = list(dict.fromkeys(changed))
             self.policy.release_all(changed)
             self._n["stored"] += len(changed)
         else:
+            changed = list(dict.fromkeys(changed))
             for key in changed:
                 self._free.append(slots.pop(key))
                 self.policy.remove(key)
