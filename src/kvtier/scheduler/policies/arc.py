@@ -102,8 +102,9 @@ class ARCPolicy(SegmentedPolicy):
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
         p = self.p
-        if self._b1 or self._b2:
-            for new in incoming:
+        b1, b2 = self._b1, self._b2
+        if not (b1.keys().isdisjoint(incoming) and b2.keys().isdisjoint(incoming)):
+            for new in incoming:  # only a returning ghost moves p (none: checked in C)
                 p = self._adapted(p, new)
         fast = self._coldest(n, p, is_held, protected)
         if fast is not None:
