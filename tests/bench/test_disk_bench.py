@@ -1,4 +1,5 @@
-"""``kvtier bench disk`` evicts its own files from the page cache, and nothing else."""
+"""``kvtier bench disk``: evicts its own files from the page cache, and nothing else;
+stores as a full cache does."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from kvtier.bench.disk import evict_own_files
+from kvtier.bench.disk import _Pass, evict_own_files
+from kvtier.blocks import BlockHash
+from kvtier.media.direct_io import aligned_empty
+from kvtier.media.disk import DiskStore
+from kvtier.media.disk_layout import block_file_size
+from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 
 PAGE = mmap.PAGESIZE
 
@@ -42,3 +49,24 @@ def test_evicts_only_files_under_its_root(tmp_path: Path) -> None:
     assert [resident_pages(f) for f in files] == [64, 64, 64]
     assert evict_own_files(ours) is True
     assert [resident_pages(f) for f in files] == [0, 0, 64]
+
+
+def test_store_passes_evict_the_last_pass_through_the_job_and_reuse_its_files(
+    tmp_path: Path,
+) -> None:
+    """The benchmark's stores run as a full cache's do: each block of a pass evicts one
+    of the previous pass, named in the store job, and takes over its file."""
+    count, block = 6, 16384
+    store = DiskStore.open(tmp_path, b"\x01" * 8, count * block_file_size(block))
+    pages = torch.frombuffer(aligned_empty(count * block), dtype=torch.uint8).view(count, block)
+    handlers = CpuDiskOffloadingHandlers(pages, store, io_threads=2)
+    stores = _Pass(handlers.cpu_to_disk_handler, count, job_blocks=4)
+    first = [BlockHash(f"a{i}".encode()) for i in range(count)]
+    second = [BlockHash(f"b{i}".encode()) for i in range(count)]
+    stores.run(first, store=True)
+    inodes = {p.stat().st_ino for p in tmp_path.rglob("*.kvb")}
+    stores.run(second, store=True, evicted=first)  # the cache is full: it must evict
+    assert sorted(store.keys()) == sorted(second)
+    assert {p.stat().st_ino for p in tmp_path.rglob("*.kvb")} == inodes
+    handlers.shutdown()
+    store.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -132,10 +132,10 @@ class GatedStore:
         self.gated = gated
         self.gate = threading.Event()
 
-    def write(self, k: bytes, payload: np.ndarray) -> int:
+    def write(self, k: bytes, payload: np.ndarray, evict: Sequence[bytes] = ()) -> int:
         if k in self.gated:
             self.gate.wait()
-        return self.inner.write(k, payload)
+        return self.inner.write(k, payload, evict)
 
     def read_into(self, k: bytes, out: np.ndarray) -> None:
         if k in self.gated:
@@ -200,7 +200,7 @@ def test_after_shutdown_jobs_are_refused(handlers: CpuDiskOffloadingHandlers) ->
 class BrokenStore:
     """A store with a bug: the handler reports it and keeps going."""
 
-    def write(self, k: bytes, payload: np.ndarray) -> int:
+    def write(self, k: bytes, payload: np.ndarray, evict: Sequence[bytes] = ()) -> int:
         raise RuntimeError("bug in the store")
 
     def read_into(self, k: bytes, out: np.ndarray) -> None:

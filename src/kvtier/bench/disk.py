@@ -14,8 +14,12 @@ kvtier mode is compared with the ``dd`` flags that do the same work::
     load   buffered        page cache, cold when dropped      (no flag), cold when dropped
 
 A buffered store without fsync only measures copies into the page cache, so it is not
-compared. kvtier and ``dd`` passes alternate (kvtier, dd, kvtier, ...) so that drift
-of a shared or virtual disk hits both alike.
+compared. Each store pass stores fresh blocks into a full cache, as an engine's disk
+tier does once it has filled: the store job names, per block, one block of the
+previous pass as evicted (``DiskLoadStoreSpec.evicted_hashes``, as the scheduler's
+index sends them), so the store reuses that file (see ``DiskStore.write``); the
+warm-up pass fills the cache. kvtier and ``dd`` passes alternate (kvtier, dd, kvtier,
+...) so that drift of a shared or virtual disk hits both alike.
 
 ``dd`` reads ``/dev/zero`` (free) while kvtier also checksums every block and creates,
 renames and timestamps one file per block: the ratio is the whole cost of the design.
@@ -35,7 +39,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,12 +193,14 @@ class _Pass:
         self.handler, self.count, self.job_blocks = handler, count, job_blocks
         self.job = 0
 
-    def run(self, keys: list[BlockHash], store: bool) -> None:
+    def run(self, keys: list[BlockHash], store: bool, evicted: Sequence[BlockHash] = ()) -> None:
+        """``evicted[i]`` (stores): the block the store of ``keys[i]`` evicts."""
         jobs = []
         for start in range(0, self.count, self.job_blocks):
             ids = tuple(BlockId(i) for i in range(start, min(start + self.job_blocks, self.count)))
             cpu = CPULoadStoreSpec(ids)
-            disk = DiskLoadStoreSpec(ids, tuple(keys[i] for i in ids))
+            gone = tuple(evicted[i] for i in ids if i < len(evicted))
+            disk = DiskLoadStoreSpec(ids, tuple(keys[i] for i in ids), gone)
             self.job += 1
             self.handler.transfer_async(self.job, (cpu, disk) if store else (disk, cpu))
             jobs.append(self.job)
@@ -242,18 +248,18 @@ def _measure_mode(s: _Setup, mode: str) -> list[dict[str, Any]]:
     store = DiskStore.open(s.root / "kvtier", fingerprint, capacity, fsync=fsync, direct_io=direct)
     handlers = CpuDiskOffloadingHandlers(s.pages, store, io_threads=s.io_threads)
     keys: list[BlockHash] = []
+    evicted: list[BlockHash] = []
     generation = itertools.count()
 
-    def fresh_keys() -> None:  # each pass writes new files, as a cache does
-        for k in keys:
-            store.delete(k)
+    def fresh_keys() -> None:  # each pass stores new blocks, each evicting one of the last
         g = next(generation)
+        evicted[:] = keys
         keys[:] = [BlockHash(f"{g}/{i}".encode().ljust(32, b".")) for i in range(s.count)]
 
     stores = _Pass(handlers.cpu_to_disk_handler, s.count, s.job_blocks)
     dd_write = ["if=/dev/zero", f"of={ddfile}", f"bs={s.block}", f"count={s.count}", *dd_flags]
     t_kv, t_dd = timed_pair(
-        lambda: stores.run(keys, store=True),
+        lambda: stores.run(keys, store=True, evicted=evicted),
         lambda: _dd(dd_write),
         fresh_keys,
         lambda: ddfile.unlink(missing_ok=True),

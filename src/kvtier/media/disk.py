@@ -7,9 +7,12 @@ tier's policy) deletes blocks to make room.
 
 A block is written to a hidden temporary file in its final directory (layout in
 ``disk_layout``), optionally ``fdatasync``-ed, and renamed into place: a name is
-visible only when its bytes are complete. Every load verifies header and checksum; a
-block that fails is deleted and reported, never served. One process at a time owns a
-fingerprint directory (an ``flock`` on its ``lock`` file), so the accounting is exact.
+visible only when its bytes are complete. A write that evicts a block of the same
+size takes over that block's file (renamed to the temporary name, then overwritten in
+place) instead of deleting one file and allocating another. Every load verifies
+header and checksum; a block that fails is deleted and reported, never served. One
+process at a time owns a fingerprint directory (an ``flock`` on its ``lock`` file), so
+the accounting is exact.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -238,12 +242,22 @@ class DiskStore:
 
     # -- block I/O -------------------------------------------------------------------
 
-    def write(self, key: bytes, payload: np.ndarray | BytesLike) -> int:
+    def write(
+        self, key: bytes, payload: np.ndarray | BytesLike, evict: Sequence[bytes] = ()
+    ) -> int:
         """Store ``payload`` as block ``key`` (replacing any block of that key).
 
         Runs in the calling thread and blocks on I/O. Visible to ``read_into`` only
         once complete. On any failure no file is left behind and accounting is
-        unchanged.
+        unchanged, except that the blocks in ``evict`` are gone.
+
+        Args:
+            key: the block's key.
+            payload: the block's bytes.
+            evict: blocks to remove first (the scheduler evicted them to make room).
+                The file of one of them that has this block's size is reused: renamed
+                to this write's temporary name and overwritten in place, which spares
+                the file system an unlink, a create and a block allocation.
 
         Returns:
             Bytes the block takes on disk.
@@ -255,9 +269,15 @@ class DiskStore:
         data = _as_array(payload)
         name = self._name(key)
         size = block_file_size(data.nbytes)
+        victim = next((v for v in evict if v != key and self._sizes.get(v) == size), None)
+        for other in evict:
+            if other != victim:
+                self.delete(other)
         with self._mutex:
             if self._lock_fd is None:
                 raise TransferError("disk store is closed")
+            if victim is not None:  # its bytes become this write's reservation
+                self._used -= self._sizes.pop(victim, 0)
             if self._used + self._reserved + size > self.capacity_bytes:
                 raise TransferError(
                     f"disk tier full: block {name[:16]} needs {size} bytes, "
@@ -272,9 +292,7 @@ class DiskStore:
             )
             self._ensure_shard(final.parent)
             assert tmp is not None
-            direct = O_DIRECT if self.direct_io and is_aligned(data) else 0
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | direct
-            fd = os.open(tmp, flags, 0o600)
+            fd = self._open_for_write(tmp, victim, direct=self.direct_io and is_aligned(data))
             try:
                 pwrite_all(fd, [region, data], 0)
                 now = time.time_ns()
@@ -366,6 +384,21 @@ class DiskStore:
 
     def _path(self, key: bytes) -> Path:
         return block_path(self.directory, key)
+
+    def _open_for_write(self, tmp: Path, victim: bytes | None, direct: bool) -> int:
+        """A new file at ``tmp``, or ``victim``'s file renamed to ``tmp`` (same size).
+
+        Either way ``tmp`` is a temporary name: if the write never completes, the
+        next ``open`` deletes it, so a half-overwritten victim is never served.
+        """
+        flags = os.O_WRONLY | os.O_CLOEXEC | (O_DIRECT if direct else 0)
+        if victim is not None:
+            try:
+                os.rename(self._path(victim), tmp)
+                return os.open(tmp, flags)
+            except FileNotFoundError:  # gone meanwhile (deleted, or never written)
+                pass
+        return os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600)
 
     def _ensure_shard(self, shard: Path) -> None:
         if shard.name not in self._shards:

@@ -12,8 +12,9 @@ never queues a load (which a request is waiting for) behind it in Python.
 
 The handler keeps no index: a block file is named by its key, which the spec carries,
 and a store's ``DiskLoadStoreSpec.evicted_hashes`` names the blocks the scheduler's
-index dropped to make room. Each store task deletes its share of them before it writes,
-so the bytes on disk never exceed the capacity the index accounts for.
+index dropped to make room. Each store task removes its share of them before it writes
+(reusing one's file for the new block where the sizes match), so the bytes on disk
+never exceed the capacity the index accounts for.
 
 After a failed load, the destination CPU pages of that job are undefined (a block
 that failed verification is zero-filled, its siblings may hold good bytes): the
@@ -77,9 +78,8 @@ class CpuDiskHandler(PooledHandler):
         ]
 
     def _block(self, key: bytes, row: int, evicted: list[bytes]) -> int:
-        if self.cpu_to_disk:
-            self._delete(evicted)
-            self._store.write(key, self._pages[row])
+        if self.cpu_to_disk:  # the store reuses an evicted block's file where it can
+            self._store.write(key, self._pages[row], evict=evicted)
         else:
             self._store.read_into(key, self._pages[row])
         return int(self._pages.shape[1])
