@@ -40,11 +40,17 @@ from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 CANDIDATES: tuple[type[EvictionPolicy], ...] = (LRUPolicy, ARCPolicy, SegmentedLRUPolicy)
 """The policies the shadows run; the first leads until another scores better."""
 
-DECAY = 0.875
-"""Weight of the past at each decision (the scores remember about eight windows)."""
+DECAY = 0.75
+"""Weight of the past at each decision (the scores remember about four windows)."""
 
-MARGIN = 1.0
-"""Decayed hit blocks a challenger must lead by to take over (ties keep the leader)."""
+MARGIN = 0.0
+"""Share of the leader's score a challenger must lead by to take over (ties keep it)."""
+
+START = 1
+"""Index in ``CANDIDATES`` of the shadow the tier follows first."""
+
+WINDOW_MIN = 8192
+"""Looked-up keys between decisions at least (else the tier's capacity)."""
 
 
 def _never_held(key: BlockHash) -> bool:
@@ -118,8 +124,8 @@ class LeaderPolicy(SegmentedPolicy):
         super().__init__(capacity, (self._extra, self._kept))
         self._shadows = tuple(_Shadow(cls, capacity) for cls in CANDIDATES)
         self._scores = [0.0] * len(self._shadows)
-        self._leader = 0
-        self._window = max(64, capacity)
+        self._leader = START
+        self._window = max(WINDOW_MIN, capacity)
         self._left = self._window
 
     @property
@@ -152,7 +158,7 @@ class LeaderPolicy(SegmentedPolicy):
             scores[i] = scores[i] * DECAY + shadow.hits
             shadow.hits = 0
         best = max(range(len(scores)), key=scores.__getitem__)
-        if scores[best] > scores[self._leader] + MARGIN:
+        if scores[best] > scores[self._leader] * (1 + MARGIN):
             self._leader = best
             self._resort()
         self._left = self._window
