@@ -68,8 +68,10 @@ def main() -> None:
     jobs = [(w, policies) for w in _workloads(args.quick)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(_run, jobs))
-    print("cells: candidate hit blocks minus max(lru, arc) at 1/5/10/25/50 %; "
-          "(pts) = block hit ratio points")
+    print(
+        "cells: candidate hit blocks minus max(lru, arc) at 1/5/10/25/50 %; "
+        "(pts) = block hit ratio points"
+    )
     summary = {}
     for cand in candidates:
         wins = ties = losses = 0

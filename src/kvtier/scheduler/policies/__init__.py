@@ -39,4 +39,12 @@ def make_policy(name: str, capacity: int) -> EvictionPolicy:
     return cls(capacity)
 
 
-__all__ = ["POLICIES", "ARCPolicy", "AdaptivePolicy", "EvictionPolicy", "LRUPolicy", "LeaderPolicy", "make_policy"]
+__all__ = [
+    "POLICIES",
+    "ARCPolicy",
+    "AdaptivePolicy",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "LeaderPolicy",
+    "make_policy",
+]

@@ -57,15 +57,6 @@ def _never_held(key: BlockHash) -> bool:
     return False
 
 
-def _listed(segment: RecencyList[BlockHash]) -> list[BlockHash]:
-    """The segment's keys but those parked while held (those stay where they are)."""
-    candidates = segment.evictable(_never_held, ())
-    try:
-        return list(candidates)
-    finally:
-        candidates.close()
-
-
 class _Shadow:
     """One candidate policy over keys only, fed whole requests the manager's way."""
 
@@ -133,6 +124,11 @@ class LeaderPolicy(SegmentedPolicy):
         """The name of the policy the tier follows now."""
         return self._shadows[self._leader].policy.name
 
+    @property
+    def sizes(self) -> tuple[int, int]:
+        """``(|extra|, |kept|)``, for tests and diagnostics."""
+        return len(self._extra), len(self._kept)
+
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if not keys:
             return
@@ -167,10 +163,10 @@ class LeaderPolicy(SegmentedPolicy):
         """Split the tier's blocks anew into kept and extra for the new leader."""
         holds = self._shadows[self._leader].resident
         kept, extra = self._kept, self._extra
-        for key in [key for key in _listed(kept) if key not in holds]:
+        for key in [key for key in kept.ordered() if key not in holds]:
             kept.remove(key)
             extra.add(key)
-        for key in [key for key in _listed(extra) if key in holds]:
+        for key in [key for key in extra.ordered() if key in holds]:
             extra.remove(key)
             kept.add(key)
 

@@ -116,6 +116,10 @@ class RecencyList(Generic[K]):
             candidates.close()
         return victims if len(victims) == n else None
 
+    def ordered(self) -> list[K]:
+        """Every key, coldest first: the parked ones by parking order, then the list."""
+        return sorted(self._parked, key=self._parked.__getitem__) + list(self._order)
+
     def first(self) -> K:
         """The coldest key, held or not (released parked keys, then the list)."""
         if not self._released:
