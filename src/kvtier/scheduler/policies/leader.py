@@ -13,11 +13,17 @@ makes the tier hold what the best shadow of the moment holds::
                      └──► extra (the leader shadow evicted it)  evicted first, in the
                                                                 order the leader evicted
 
-After each ``window`` of looked-up keys (the tier's capacity) every shadow's score is
-decayed by ``DECAY`` and its prefix hits are added; the tier follows the shadow with
-the best score, switching only when it beats the current leader's by ``MARGIN`` (a
-switch re-sorts the tier's blocks into kept and extra: O(capacity), at most once per
-window). The manager calls ``observe`` at lookup, before it touches or stores the
+It follows LRU first. After each window of ``max(WINDOW_MIN, capacity)`` looked-up
+keys every shadow's score is decayed by ``DECAY`` and its prefix hits are added; the
+tier follows the shadow with the best score, switching only when it beats the current
+leader's by the share ``MARGIN`` (a switch re-sorts the tier's blocks into kept and
+extra: O(capacity), at most once per window). Tuned on the 13 workloads of
+``benchmarks/policy_cells.py`` (``docs/simulate.md``).
+
+Cost: every request is served by three full-size shadows at lookup (the other
+operations cost what LRU's do); sampling them for large tiers is not done yet.
+
+The manager calls ``observe`` at lookup, before it touches or stores the
 request's blocks, so the leader has already evicted what the tier will: in step, the
 tier's victims are exactly the leader's, and its hits are the leader's hits.
 
@@ -46,7 +52,7 @@ DECAY = 0.75
 MARGIN = 0.0
 """Share of the leader's score a challenger must lead by to take over (ties keep it)."""
 
-START = 1
+START = 0
 """Index in ``CANDIDATES`` of the shadow the tier follows first."""
 
 WINDOW_MIN = 8192
