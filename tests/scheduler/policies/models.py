@@ -35,7 +35,7 @@ and so the models':
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -259,9 +259,167 @@ class SLRUModel(EvictionPolicy):
             del self.ghost[0]
 
 
-MODELS: dict[str, type[EvictionPolicy]] = {
+class _ShadowModel:
+    """A candidate's model over keys only, serving each looked-up request plainly."""
+
+    def __init__(self, model: EvictionPolicy) -> None:
+        self.model = model
+        self.resident: list[BlockHash] = []
+        self.hits = 0
+
+    def serve(self, keys: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
+        """The manager's flow for one request: ``(evicted, stored)``."""
+        hit = 0
+        while hit < len(keys) and keys[hit] in self.resident:
+            hit += 1
+        self.hits += hit
+        for key in keys[::-1]:
+            if key in self.resident:
+                self.model.touch(key, True)
+        rest = list(keys[hit:])
+        new: list[BlockHash] = []
+        for key in rest:
+            if key not in self.resident and key not in new:
+                new.append(key)
+        if not new or len(new) > self.model.capacity:
+            return [], []
+        victims: list[BlockHash] = []
+        need = len(self.resident) + len(new) - self.model.capacity
+        if need > 0:
+            chosen = self.model.choose_victims(need, lambda key: False, rest, new)
+            if chosen is None:
+                return [], []
+            victims = list(chosen)
+            self.model.evict(victims)
+            self.resident = [key for key in self.resident if key not in victims]
+        for key in new:
+            self.model.add(key)
+            self.resident.append(key)
+        for key in keys[::-1]:
+            if key in self.resident:
+                self.model.touch(key, key not in new)
+        return victims, new
+
+
+class LeaderModel(EvictionPolicy):
+    """Follow the leader among LRU, ARC and SLRU (``policies/leader.py``), plainly.
+
+    Three shadow models see every looked-up request and serve it as the manager would.
+    The tier's blocks are in ``kept`` (the leading shadow holds them) or ``extra`` (it
+    does not), each a recency list; victims come from extra, then kept, coldest first.
+    A block the leader evicts moves from kept to extra's MRU end; one it stores moves
+    back. Every ``max(window, capacity)`` looked-up keys the scores are decayed and the
+    shadows' hits added; the first best score takes the lead when it exceeds the
+    leader's by the margin, and the tier's blocks are re-split in list order.
+    """
+
+    name = "leader"
+
+    def __init__(
+        self, capacity: int, *, start: int, window: int, decay: float, margin: float
+    ) -> None:
+        super().__init__(capacity)
+        self.shadows = [_ShadowModel(cls(capacity)) for cls in (LRUModel, ARCModel, SLRUModel)]
+        self.scores = [0.0, 0.0, 0.0]
+        self.leader = start
+        self.window = max(window, capacity)
+        self.left = self.window
+        self.decay = decay
+        self.margin = margin
+        self.kept: list[BlockHash] = []
+        self.extra: list[BlockHash] = []
+
+    def __len__(self) -> int:
+        return len(self.kept) + len(self.extra)
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        return len(self.extra), len(self.kept)
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        if not keys:
+            return
+        for i, shadow in enumerate(self.shadows):
+            evicted, stored = shadow.serve(keys)
+            if i != self.leader:
+                continue
+            for key in evicted:
+                if key in self.kept:
+                    self.kept.remove(key)
+                    self.extra.append(key)
+            for key in stored:
+                if key in self.extra:
+                    self.extra.remove(key)
+                    self.kept.append(key)
+        self.left -= len(keys)
+        if self.left <= 0:
+            for i, shadow in enumerate(self.shadows):
+                self.scores[i] = self.scores[i] * self.decay + shadow.hits
+                shadow.hits = 0
+            best = self.scores.index(max(self.scores))
+            if self.scores[best] > self.scores[self.leader] * (1 + self.margin):
+                self.leader = best
+                holds = self.shadows[best].resident
+                leaving = [key for key in self.kept if key not in holds]
+                self.kept = [key for key in self.kept if key in holds]
+                self.extra += leaving
+                joining = [key for key in self.extra if key in holds]
+                self.extra = [key for key in self.extra if key not in holds]
+                self.kept += joining
+            self.left = self.window
+
+    def add(self, key: BlockHash) -> None:
+        assert key not in self.kept and key not in self.extra
+        if key in self.shadows[self.leader].resident:
+            self.kept.append(key)
+        else:
+            self.extra.append(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        for segment in (self.kept, self.extra):
+            if key in segment:
+                _to_mru(segment, key)
+
+    def remove(self, key: BlockHash) -> None:
+        (self.kept if key in self.kept else self.extra).remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        candidates = _evictable(self.extra, is_held, protected) + _evictable(
+            self.kept, is_held, protected
+        )
+        return candidates[:n] if len(candidates) >= n else None
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            self.remove(key)
+
+
+def _leader_model(capacity: int) -> EvictionPolicy:
+    """The model with the policy's tuned constants (read, not shared, from the module)."""
+    from kvtier.scheduler.policies import leader
+
+    return LeaderModel(
+        capacity,
+        start=leader.START,
+        window=leader.WINDOW_MIN,
+        decay=leader.DECAY,
+        margin=leader.MARGIN,
+    )
+
+
+MODELS: dict[str, Callable[[int], EvictionPolicy]] = {
     "lru": LRUModel,
     "arc": ARCModel,
     "slru": SLRUModel,
+    "leader": _leader_model,
 }
 """Each registered policy's reference model, by policy name."""

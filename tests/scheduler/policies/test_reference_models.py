@@ -257,16 +257,7 @@ def test_a_short_scan_by_hand(name: str, expected: list[int]) -> None:
     assert _scan_then_reuse(lambda c: make_policy(name, c)) == expected
 
 
-SLRU_DEMOTION = pytest.mark.xfail(
-    strict=True,
-    reason="slru.py skips a protected block parked while pinned when it demotes "
-    "(see test_slru_demotes_the_coldest_protected_block_even_when_it_is_pinned)",
-)
-
-
-@pytest.mark.parametrize(
-    "name", [n if n != "slru" else pytest.param(n, marks=SLRU_DEMOTION) for n in sorted(MODELS)]
-)
+@pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("capacity", [2, 3, 5])
 def test_a_long_fixed_sequence_matches_the_model(name: str, capacity: int) -> None:
     """Thousands of seeded steps, whatever the Hypothesis profile: the ghost bounds

@@ -10,6 +10,7 @@ from kvtier.errors import ConfigError
 from kvtier.scheduler.policies.adaptive import AdaptivePolicy
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy
+from kvtier.scheduler.policies.leader import LeaderPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 
@@ -18,6 +19,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
     "arc": ARCPolicy,
     "slru": SegmentedLRUPolicy,
     "adaptive": AdaptivePolicy,
+    "leader": LeaderPolicy,
 }
 
 
@@ -37,4 +39,12 @@ def make_policy(name: str, capacity: int) -> EvictionPolicy:
     return cls(capacity)
 
 
-__all__ = ["POLICIES", "ARCPolicy", "AdaptivePolicy", "EvictionPolicy", "LRUPolicy", "make_policy"]
+__all__ = [
+    "POLICIES",
+    "ARCPolicy",
+    "AdaptivePolicy",
+    "EvictionPolicy",
+    "LRUPolicy",
+    "LeaderPolicy",
+    "make_policy",
+]

@@ -160,15 +160,16 @@ class RecencyList(Generic[K]):
             candidates.close()
         return victims if len(victims) == n else None
 
+    def ordered(self) -> list[K]:
+        """Every key, coldest first: the parked ones by parking order, then the list."""
+        return sorted(self._parked, key=self._parked.__getitem__) + list(self._order)
+
     def first(self) -> K:
-        """The coldest key, held or not (released parked keys, then the list)."""
-        if not self._released:
-            return next(iter(self._order))
-        candidates = self.evictable(_never_held, ())
-        try:
-            return next(candidates)
-        finally:
-            candidates.close()
+        """The coldest key, held or not: the first key parked (parked keys are colder
+        than the list, and ``_parked`` holds them in parking order), else the list's."""
+        if self._parked:
+            return next(iter(self._parked))
+        return next(iter(self._order))
 
     def evictable(
         self, is_held: Callable[[K], bool], protected: Collection[K]
@@ -215,7 +216,3 @@ class RecencyList(Generic[K]):
             for entry in keep:
                 if self._parked.get(entry[1]) == entry[0]:
                     heapq.heappush(heap, entry)
-
-
-def _never_held(key: object) -> bool:
-    return False

@@ -1,0 +1,110 @@
+"""Issue 14's cell table: a policy's block hit ratio against max(LRU, ARC), every cell.
+
+Replays the 13 replayable workloads -- the shipped synthetic trace and ``--generate``
+seeds 1, 2, 3 of the shapes mixed, chat, documents and agents -- at 1, 5, 10, 25 and
+50 % of each one's distinct blocks, through the real manager (``kvtier.sim.replay``),
+for ``lru``, ``arc`` and the candidate policies, and prints one row per workload: the
+candidate's hit blocks minus max(LRU, ARC)'s, per capacity (>= 0 wins the cell). Hit
+blocks are exact integers, so a tie is a tie. Run from the repository root::
+
+    PYTHONPATH=src nice python benchmarks/policy_cells.py --jobs 2 \
+        --out benchmarks/results/policy_cells.json
+
+``--quick`` replays only seed 1 of each generated shape plus the synthetic trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from kvtier.bench.report import git_commit, machine_info
+from kvtier.sim.cli import DEFAULT_TRACE
+from kvtier.sim.replay import replay
+from kvtier.sim.trace import Trace, read_mooncake
+from kvtier.sim.workload import generate, shaped
+
+SHARES = (0.01, 0.05, 0.10, 0.25, 0.50)
+SHAPES = ("mixed", "chat", "documents", "agents")
+
+
+def _workloads(quick: bool) -> list[str]:
+    seeds = (1,) if quick else (1, 2, 3)
+    return ["synthetic"] + [f"{shape}_seed{seed}" for shape in SHAPES for seed in seeds]
+
+
+def _trace(workload: str) -> Trace:
+    if workload == "synthetic":
+        return read_mooncake(DEFAULT_TRACE)
+    shape, seed = workload.split("_seed")
+    return generate(shaped(shape, int(seed)))
+
+
+def _run(job: tuple[str, tuple[str, ...]]) -> dict[str, object]:
+    workload, policies = job
+    trace = _trace(workload)
+    hits: dict[str, list[int]] = {}
+    caps = [round(share * trace.num_distinct_blocks) for share in SHARES]
+    for policy in policies:
+        hits[policy] = [replay(trace, cap, policy).ratios.hit_blocks for cap in caps]
+    refs = sum(len(r.keys) for r in trace.requests)
+    return {"workload": workload, "capacities": caps, "block_refs": refs, "hit_blocks": hits}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", action="append", help="candidate (default: adaptive)")
+    parser.add_argument("--quick", action="store_true", help="seed 1 only (5 workloads)")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    candidates = tuple(args.policy or ["adaptive"])
+    policies = ("lru", "arc", *candidates)
+    start = time.perf_counter()
+    jobs = [(w, policies) for w in _workloads(args.quick)]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(_run, jobs))
+    print(
+        "cells: candidate hit blocks minus max(lru, arc) at 1/5/10/25/50 %; "
+        "(pts) = block hit ratio points"
+    )
+    summary = {}
+    for cand in candidates:
+        wins = ties = losses = 0
+        print(f"== {cand}")
+        for row in rows:
+            hits = row["hit_blocks"]
+            refs = row["block_refs"]
+            cells = []
+            for i in range(len(SHARES)):
+                best = max(hits["lru"][i], hits["arc"][i])
+                diff = hits[cand][i] - best
+                wins += diff > 0
+                ties += diff == 0
+                losses += diff < 0
+                mark = "" if diff >= 0 else " X"
+                cells.append(f"{diff:+6d} ({100 * diff / refs:+.2f}){mark}")
+            print(f"{row['workload']:>16}: " + " | ".join(cells))
+        summary[cand] = {"above": wins, "equal": ties, "below": losses}
+        print(f"{cand}: above {wins}, equal {ties}, below {losses} of {wins + ties + losses}")
+    load = os.getloadavg()
+    print(f"{time.perf_counter() - start:.0f} s, load average {load[0]:.2f} {load[1]:.2f}")
+    if args.out:
+        doc = {
+            "benchmark": "policy_cells",
+            "machine": machine_info(),
+            "commit": git_commit(),
+            "load_average": load,
+            "configuration": {"shares": SHARES, "policies": policies, "quick": args.quick},
+            "rows": rows,
+            "summary": summary,
+        }
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

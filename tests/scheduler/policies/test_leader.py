@@ -1,0 +1,122 @@
+"""The leader policy: the tier holds what the leading shadow (LRU, ARC or SLRU) holds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.blocks import BlockHash, Medium
+from kvtier.scheduler.manager import TierManager
+from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
+from kvtier.sim.replay import replay
+from kvtier.sim.workload import generate, shaped
+from tests.budget import examples
+
+from .models import LeaderModel
+
+
+def _k(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(8, "little"))
+
+
+def _manager(policy: object, capacity: int) -> TierManager:
+    return TierManager(medium=Medium.CPU, num_blocks=capacity, block_size=16, policy=policy)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("start", "name"), list(enumerate(("lru", "arc", "slru"))))
+def test_a_leader_that_never_changes_is_exactly_that_policy(
+    monkeypatch: pytest.MonkeyPatch, start: int, name: str
+) -> None:
+    """In step with its leader the tier evicts what the leader evicts: same hits."""
+    monkeypatch.setattr(leader, "START", start)
+    monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
+    trace = generate(replace(shaped("mixed", 7), requests=300))
+    for capacity in (20, 150, 600):
+        want = replay(trace, capacity, name).ratios.hit_blocks
+        assert replay(trace, capacity, "leader").ratios.hit_blocks == want
+
+
+requests = st.lists(
+    st.tuples(st.lists(st.integers(0, 15), min_size=1, max_size=5), st.booleans(), st.booleans()),
+    max_size=60,
+)
+
+
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
+@given(capacity=st.integers(1, 8), window=st.integers(1, 12), reqs=requests)
+def test_manager_over_leader_matches_manager_over_its_model(
+    capacity: int, window: int, reqs: list[tuple[list[int], bool, bool]]
+) -> None:
+    """Requests with pins and failed stores, decisions every few keys: the same hits,
+    evictions, leader and list sizes as the plain model, after every request."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(leader, "WINDOW_MIN", window)
+        mp.setattr(leader, "MARGIN", 0.0)
+        policy = make_policy("leader", capacity)
+        assert isinstance(policy, LeaderPolicy)
+        model = LeaderModel(
+            capacity, start=leader.START, window=window, decay=leader.DECAY, margin=0.0
+        )
+        real, twin = _manager(policy, capacity), _manager(model, capacity)
+        for ids, load, ok in reqs:
+            keys = [_k(i) for i in dict.fromkeys(ids)]
+            hit = real.lookup(keys)
+            assert twin.lookup(keys) == hit
+            for m in (real, twin):
+                m.touch(keys)
+                if load and hit:
+                    m.prepare_load(keys[:hit])
+            out = real.prepare_store(keys[hit:])
+            assert twin.prepare_store(keys[hit:]) == out
+            for m in (real, twin):
+                m.touch(keys)
+                if out is not None:
+                    m.complete_store(out.block_hashes_to_store, success=ok)
+                if load and hit:
+                    m.complete_load(keys[:hit])
+            assert policy.leader == ("lru", "arc", "slru")[model.leader]
+            assert policy.sizes == model.sizes
+
+
+def _serve(m: TierManager, ids: list[int]) -> int:
+    keys = [_k(i) for i in ids]
+    hit = m.lookup(keys)
+    m.touch(keys)
+    out = m.prepare_store(keys[hit:])
+    m.touch(keys)
+    if out is not None:
+        m.complete_store(out.block_hashes_to_store)
+    return hit
+
+
+def test_the_lead_changes_hands_on_a_workload_that_favours_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Starting on LRU, one-time scans between reused blocks hand the lead to a
+    scan-resistant shadow; the tier re-splits its blocks as the model does, and then
+    hits more than LRU does."""
+    monkeypatch.setattr(leader, "START", 0)
+    monkeypatch.setattr(leader, "WINDOW_MIN", 1)
+    policy = LeaderPolicy(8)
+    model = LeaderModel(8, start=0, window=1, decay=leader.DECAY, margin=leader.MARGIN)
+    tier, twin, lru = _manager(policy, 8), _manager(model, 8), _manager(make_policy("lru", 8), 8)
+    hits = {"leader": 0, "lru": 0}
+    leaders = []
+    fresh = 1000
+    for step in range(300):
+        if step % 2:
+            ids = [step % 6]
+        else:
+            ids = list(range(fresh, fresh + 4))
+            fresh += 4
+        hit = _serve(tier, ids)
+        assert _serve(twin, ids) == hit
+        assert policy.sizes == model.sizes, f"step {step}"
+        hits["leader"] += hit
+        hits["lru"] += _serve(lru, ids)
+        leaders.append(policy.leader)
+    assert leaders[0] == "lru" and leaders[-1] != "lru"
+    assert hits["leader"] > hits["lru"]
