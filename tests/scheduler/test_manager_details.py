@@ -357,3 +357,17 @@ def test_free_slots_match_a_plain_stack() -> None:
     with pytest.raises(IndexError):
         free.pop()
     assert free.take(0) == []
+
+
+def test_a_threshold_of_one_admits_everything_in_can_store_too() -> None:
+    m = make(1, store_threshold=1)
+    assert m.can_store(keys(1, 2)) == 1
+    assert m.can_store(keys(1, 2), whole=True) == 1
+    out = m.prepare_store(keys(1))
+    assert out is not None and out.block_hashes_to_store == tuple(keys(1))
+
+
+def test_a_discard_that_drops_nothing_records_no_event() -> None:
+    m = make(2, enable_events=True)
+    assert m.discard(keys(1)) == []
+    assert list(m.take_events()) == []

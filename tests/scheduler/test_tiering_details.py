@@ -381,3 +381,39 @@ def test_lookup_known_counts_nothing_and_a_failed_complete_names_no_tier() -> No
     (job,) = t.prepare_writes()
     with pytest.raises(ProtocolError, match="no secondary tier of medium"):
         t.complete_promotion(type(job)(job.block_hashes, job.src, job.src), success=True)
+
+
+def test_a_promotion_head_stops_at_the_first_key_the_primary_would_not_admit() -> None:
+    primary = CPUOffloadingManager(num_blocks=4, block_size=16, store_threshold=2)
+    t = TieredManager(primary, [tier(Medium.DISK, 4)])
+    disk = t.secondaries[0]
+    out = disk.prepare_store(keys(1, 2, 3))
+    assert out is not None
+    disk.complete_store(out.block_hashes_to_store)
+    primary.count_seen(keys(1, 3))
+    primary.count_seen(keys(1, 3))
+    # k2 was never reused: admission would skip it, and a promotion needs every key.
+    assert t.can_promote(keys(1, 2, 3)) == 1
+    jobs = t.prepare_promotion(keys(1))
+    assert jobs is not None and [j.block_hashes for j in jobs] == [tuple(keys(1))]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prepare_promotion refused for a key admission skips is not 'nothing changed': "
+    "the primary's prepare_store forgot the admitted keys' use counts and counted "
+    "stores and store failures (the connector asks can_promote first, so it never does this)",
+)
+def test_a_promotion_refused_by_admission_changes_nothing() -> None:
+    primary = CPUOffloadingManager(num_blocks=4, block_size=16, store_threshold=2)
+    t = TieredManager(primary, [tier(Medium.DISK, 4)])
+    disk = t.secondaries[0]
+    out = disk.prepare_store(keys(1, 2))
+    assert out is not None
+    disk.complete_store(out.block_hashes_to_store)
+    primary.count_seen(keys(1))
+    primary.count_seen(keys(1))
+    before = primary.stats()
+    assert t.prepare_promotion(keys(1, 2)) is None
+    assert primary.stats() == before
+    assert t.prepare_promotion(keys(1)) is not None, "k1 was reused twice"
