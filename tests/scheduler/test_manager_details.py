@@ -125,8 +125,13 @@ def test_protocol_errors_say_what_was_wrong_with_which_block() -> None:
         m.complete_store(keys(1, 2))
     assert m.state(keys(1)[0]) is BlockState.STORING, "nothing changed"
     long_key = bytes(range(20))
-    with pytest.raises(ProtocolError, match=f"block {long_key.hex()[:16]} is absent"):
+    short = long_key.hex()[:16]
+    with pytest.raises(ProtocolError, match=f"^prepare_load: block {short} is absent, not ready$"):
         m.prepare_load([long_key])
+    with pytest.raises(ProtocolError, match=f"^complete_load: block {short} is not pinned"):
+        m.complete_load([long_key])
+    with pytest.raises(ProtocolError, match=f"^complete_store: block {short} was not prepared"):
+        m.complete_store([long_key])
     with pytest.raises(ProtocolError, match=r"^restore: 1 blocks into a tier of 2 holding 1$"):
         m.restore(keys(5))
 
@@ -334,6 +339,7 @@ def test_can_store_with_admission_skips_or_stops_at_unadmitted_keys() -> None:
     m.lookup(keys(3))
     m.lookup(keys(3))
     assert m.can_store(keys(2, 3)) == 1
+    assert m.can_store(keys(1, 2, 3)) == 2, "k1 is skipped, k3 does not fit"
 
 
 def test_free_slots_match_a_plain_stack() -> None:

@@ -68,8 +68,18 @@ def test_a_fresh_tiering_counts_nothing() -> None:
 
 def test_the_queue_bound_must_be_at_least_one() -> None:
     TieredManager(CPUOffloadingManager(num_blocks=2, block_size=16), [], max_pending_writes=1)
-    with pytest.raises(ConfigError, match="max_pending_writes"):
+    with pytest.raises(
+        ConfigError, match=r"^config key 'max_pending_writes': must be >= 1, got 0$"
+    ):
         TieredManager(CPUOffloadingManager(num_blocks=2, block_size=16), [], max_pending_writes=0)
+
+
+def test_the_queue_holds_1024_blocks_per_tier_by_default() -> None:
+    t = TieredManager(
+        CPUOffloadingManager(num_blocks=1100, block_size=16), [tier(Medium.DISK, 1100)]
+    )
+    store(t, keys(*range(1025)))
+    assert (t.pending_writes, t.stats().writes_skipped) == (1024, 1)
 
 
 def test_writes_and_their_failures_are_counted_per_block() -> None:
@@ -417,3 +427,133 @@ def test_a_promotion_refused_by_admission_changes_nothing() -> None:
     assert t.prepare_promotion(keys(1, 2)) is None
     assert primary.stats() == before
     assert t.prepare_promotion(keys(1)) is not None, "k1 was reused twice"
+
+
+def test_a_promotion_refused_by_admission_leaves_no_block_in_the_primary() -> None:
+    primary = CPUOffloadingManager(num_blocks=4, block_size=16, store_threshold=2)
+    t = TieredManager(primary, [tier(Medium.DISK, 4)])
+    disk = t.secondaries[0]
+    out = disk.prepare_store(keys(1, 2))
+    assert out is not None
+    disk.complete_store(out.block_hashes_to_store)
+    primary.count_seen(keys(1))
+    primary.count_seen(keys(1))
+    assert t.prepare_promotion(keys(1, 2)) is None
+    assert len(primary) == 0 and primary.num_free == 4, "k1's slot given back"
+    assert disk.pins(keys(1)[0]) == 0 and disk.pins(keys(2)[0]) == 0
+
+
+def test_a_promotion_of_a_block_already_being_promoted_is_refused_changing_nothing() -> None:
+    t = tiered(cpu=4, disk=4)
+    disk = t.secondaries[0]
+    out = disk.prepare_store(keys(1, 2))
+    assert out is not None
+    disk.complete_store(out.block_hashes_to_store)
+    (first,) = t.prepare_promotion(keys(1)) or []
+    before = t.primary.stats()
+    assert t.can_promote(keys(1, 2)) == 0
+    assert t.prepare_promotion(keys(1, 2)) is None
+    assert t.primary.stats() == before
+    assert t.primary.state(keys(2)[0]) is None and disk.pins(keys(2)[0]) == 0
+    t.complete_promotion(first, success=True)
+    assert t.can_promote(keys(1, 2)) == 2
+
+
+def put(t: TierManager, ks: list[bytes]) -> None:
+    out = t.prepare_store(ks)
+    assert out is not None
+    t.complete_store(out.block_hashes_to_store)
+
+
+def test_a_block_a_secondary_got_meanwhile_is_written_only_to_the_others() -> None:
+    # Another engine wrote k1 to the disk while this one computed it.
+    t = tiered(cpu=4, disk=4, remote=4)
+    disk, remote = t.secondaries
+    out = t.prepare_store(keys(1, 2))
+    assert out is not None
+    put(disk, keys(1))
+    t.complete_store(keys(1, 2))
+    assert t.pending_writes == 3, "k2 for both tiers, k1 for the remote only"
+    jobs = t.prepare_writes()
+    assert [(j.dst.medium, j.block_hashes) for j in jobs] == [
+        (Medium.DISK, tuple(keys(2))),
+        (Medium.REMOTE, tuple(keys(1, 2))),
+    ]
+    for job in jobs:
+        t.complete_write(job, success=True)
+    out = t.prepare_store(keys(3))
+    assert out is not None
+    put(disk, keys(3))
+    t.complete_store(keys(3))
+    (job,) = t.prepare_writes()  # nothing for the disk: the remote's job still comes
+    assert (job.dst.medium, job.block_hashes) == (Medium.REMOTE, tuple(keys(3)))
+    assert remote.state(keys(3)[0]) is BlockState.STORING
+
+
+def test_a_tier_without_room_does_not_stop_the_writes_to_the_next() -> None:
+    t = tiered(cpu=8, disk=1, remote=8)
+    disk = t.secondaries[0]
+    put(disk, keys(9))
+    disk.prepare_load(keys(9))  # the disk's one slot is held
+    store(t, keys(1))
+    (job,) = t.prepare_writes()
+    assert (job.dst.medium, job.block_hashes) == (Medium.REMOTE, tuple(keys(1)))
+    store(t, keys(2))
+    t.prepare_writes()
+    assert t.stats().writes_skipped == 2, "one block skipped for the disk, twice"
+
+
+def test_a_failed_store_through_the_tiering_leaves_nothing_behind() -> None:
+    t = tiered()
+    out = t.prepare_store(keys(1))
+    assert out is not None
+    t.complete_store(keys(1), success=False)
+    assert t.primary.state(keys(1)[0]) is None and t.primary.num_free == 4
+    assert t.pending_writes == 0
+
+
+class Held:
+    """A shared store holding ``held``; ``outages`` moves when it restarts."""
+
+    def __init__(self, held: Sequence[bytes]) -> None:
+        self.held = set(held)
+        self.outages = 0
+
+    def exists_many(self, ks: Sequence[bytes]) -> list[bool]:
+        return [k in self.held for k in ks]
+
+
+def discovered(t: TieredManager, ks: list[bytes]) -> int:
+    t.lookup(ks)
+    t.wait_discoveries()
+    return t.lookup(ks)
+
+
+def test_discovery_behind_a_private_tier_is_adopted() -> None:
+    store = Held(keys(1, 2))
+    t = TieredManager(
+        CPUOffloadingManager(num_blocks=4, block_size=16),
+        [tier(Medium.DISK, 4), tier(Medium.REMOTE, 4)],
+        shared={Medium.REMOTE: store},
+    )
+    assert discovered(t, keys(1, 2, 3)) == 2
+    assert t.stats().hit_blocks == {Medium.CPU: 0, Medium.DISK: 0, Medium.REMOTE: 2}
+    t.shutdown()
+
+
+def test_discovery_works_again_after_an_outage() -> None:
+    store = Held(keys(1, 2))
+    t = TieredManager(
+        CPUOffloadingManager(num_blocks=4, block_size=16),
+        [tier(Medium.REMOTE, 4)],
+        shared={Medium.REMOTE: store},
+    )
+    assert discovered(t, keys(1, 2)) == 2
+    store.outages += 1
+    store.held = set(keys(1))
+    assert t.lookup(keys(1, 2)) == 0, "forgotten"
+    t.wait_discoveries()
+    assert t.lookup(keys(1, 2)) == 1, "asked again after the outage, and adopted"
+    assert t.lookup(keys(1, 2)) == 1
+    assert len(t.secondaries[0]) == 1, "not forgotten twice"
+    t.shutdown()
