@@ -16,15 +16,25 @@ break the protocol raises ``ProtocolError`` before changing anything.
 
 Eviction is all or nothing, never takes a block among the store's own keys, and costs
 time proportional to the blocks evicted (see ``policies.recency``).
+
+The state is kept as a slot map and three sets rather than one object per block, so
+that each batch call is a few C-level set and dict operations (``update``,
+``issuperset``, ``filter``) instead of a Python loop over its keys::
+
+    _slots: key -> slot      every resident block (STORING or READY)
+    _ready: set              READY blocks            (STORING = in _slots, not in _ready)
+    _pinned: set             READY blocks pinned by at least one load
+    _extra: key -> count     pins beyond the first (rare: the same block in two loads)
+    _busy:  set              STORING or pinned: what eviction must not take
 """
 
 from __future__ import annotations
 
 import enum
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
-from itertools import repeat
+from dataclasses import fields
+from itertools import filterfalse, takewhile
 
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
@@ -39,13 +49,6 @@ class BlockState(enum.Enum):
 
     STORING = "storing"
     READY = "ready"
-
-
-@dataclass(slots=True, eq=False)
-class _Block:
-    slot: BlockId
-    state: BlockState
-    pins: int = 0
 
 
 class TierManager:
@@ -89,7 +92,10 @@ class TierManager:
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
-        self._blocks: dict[BlockHash, _Block] = {}
+        self._slots: dict[BlockHash, BlockId] = {}  # resident blocks (module docstring)
+        self._ready: set[BlockHash] = set()
+        self._pinned: set[BlockHash] = set()
+        self._extra: Counter[BlockHash] = Counter()
         # Blocks STORING or pinned by a load: not evictable now. A set, so that the
         # policy's "is it held?" is one C-level membership test.
         self._busy: set[BlockHash] = set()
@@ -104,29 +110,28 @@ class TierManager:
 
     def __len__(self) -> int:
         """Resident blocks (STORING or READY)."""
-        return len(self._blocks)
+        return len(self._slots)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._blocks
+        return key in self._slots
 
     def keys(self) -> list[BlockHash]:
         """The resident keys (STORING or READY)."""
-        return list(self._blocks)
+        return list(self._slots)
 
     def state(self, key: BlockHash) -> BlockState | None:
         """The block's state, or ``None`` when it is not resident."""
-        blk = self._blocks.get(key)
-        return None if blk is None else blk.state
+        if key in self._ready:
+            return BlockState.READY
+        return BlockState.STORING if key in self._slots else None
 
     def pins(self, key: BlockHash) -> int:
         """How many loads currently pin the block (0 when absent)."""
-        blk = self._blocks.get(key)
-        return 0 if blk is None else blk.pins
+        return (key in self._pinned) + self._extra.get(key, 0)
 
     def slot(self, key: BlockHash) -> BlockId | None:
         """The block's slot, or ``None`` when it is not resident."""
-        blk = self._blocks.get(key)
-        return None if blk is None else blk.slot
+        return self._slots.get(key)
 
     @property
     def num_free(self) -> int:
@@ -141,13 +146,7 @@ class TierManager:
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """Length of the longest run of READY blocks from the first key."""
-        blocks = self._blocks
-        hit = 0
-        for key in block_hashes:
-            blk = blocks.get(key)
-            if blk is None or blk.state is not BlockState.READY:
-                break
-            hit += 1
+        hit = len(list(takewhile(self._ready.__contains__, block_hashes)))
         self.policy.observe(block_hashes)
         n = self._n
         n["lookups"] += 1
@@ -163,21 +162,27 @@ class TierManager:
         Raises:
             ProtocolError: a key is absent or still being stored (nothing is pinned).
         """
-        blocks = [self._blocks.get(key) for key in block_hashes]
-        for key, blk in zip(block_hashes, blocks, strict=True):
-            if blk is None or blk.state is not BlockState.READY:
-                raise ProtocolError(
-                    f"prepare_load: block {key.hex()[:16]} is "
-                    f"{'absent' if blk is None else blk.state.value}, not ready"
-                )
-        busy = self._busy
-        for key, blk in zip(block_hashes, blocks, strict=True):
-            assert blk is not None
-            if not blk.pins:
-                busy.add(key)
-            blk.pins += 1
-        self._n["loads"] += len(blocks)
-        return self._spec_type.for_blocks(block_hashes, [blk.slot for blk in blocks if blk])
+        ready = self._ready
+        if not ready.issuperset(block_hashes):
+            key = next(filterfalse(ready.__contains__, block_hashes))
+            raise ProtocolError(
+                f"prepare_load: block {key.hex()[:16]} is "
+                f"{'storing' if key in self._slots else 'absent'}, not ready"
+            )
+        pinned = self._pinned
+        if pinned.isdisjoint(block_hashes):  # the usual case: first pins, C-level
+            before = len(pinned)
+            pinned.update(block_hashes)
+            if len(pinned) - before != len(block_hashes):  # a key listed twice
+                pinned.difference_update(block_hashes)
+                self._pin_each(block_hashes)
+        else:
+            self._pin_each(block_hashes)
+        self._busy.update(block_hashes)
+        self._n["loads"] += len(block_hashes)
+        return self._spec_type.for_blocks(
+            block_hashes, list(map(self._slots.__getitem__, block_hashes))
+        )
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
         """Mark resident blocks used; the first key ends up the most recent of all.
@@ -185,13 +190,9 @@ class TierManager:
         Touching a block that is still being stored is recency only (not a reuse).
         Keys that are not resident are ignored.
         """
-        blocks = self._blocks
-        touch = self.policy.touch
-        ready = BlockState.READY
-        for key in reversed(block_hashes):
-            blk = blocks.get(key)
-            if blk is not None:
-                touch(key, blk.state is ready)
+        resident = list(filter(self._slots.__contains__, reversed(block_hashes)))
+        if resident:
+            self.policy.touch_all(resident, self._ready)
 
     def complete_load(self, block_hashes: Sequence[BlockHash]) -> None:
         """Unpin blocks pinned by ``prepare_load``.
@@ -199,21 +200,31 @@ class TierManager:
         Raises:
             ProtocolError: a key is absent or not pinned (nothing is unpinned).
         """
-        need: dict[BlockHash, int] = {}
-        for key in block_hashes:
-            need[key] = need.get(key, 0) + 1
+        pinned, extra = self._pinned, self._extra
+        if not extra and pinned.issuperset(block_hashes):  # one pin each, usually
+            before = len(pinned)
+            pinned.difference_update(block_hashes)
+            if before - len(pinned) == len(block_hashes):
+                self._busy.difference_update(block_hashes)
+                self.policy.release_all(block_hashes)
+                return
+            pinned.update(block_hashes)  # a key listed twice: undo, count below
+        need = Counter(block_hashes)
         for key, count in need.items():
-            blk = self._blocks.get(key)
-            if blk is None or blk.pins < count:
+            if (key in pinned) + extra.get(key, 0) < count:
                 raise ProtocolError(
                     f"complete_load: block {key.hex()[:16]} is not pinned by a load"
                 )
         released = []
         for key, count in need.items():
-            blk = self._blocks[key]
-            blk.pins -= count
-            if blk.pins == 0:
-                released.append(key)
+            left = 1 + extra.get(key, 0) - count  # pins left (the check above: >= 0)
+            if left > 1:
+                extra[key] = left - 1
+            else:
+                extra.pop(key, None)
+                if left == 0:
+                    pinned.remove(key)
+                    released.append(key)
         self._busy.difference_update(released)
         self.policy.release_all(released)
 
@@ -225,8 +236,11 @@ class TierManager:
         that are not among ``block_hashes``. Returns ``None``, with nothing changed,
         when that is not enough.
         """
-        blocks = self._blocks
-        to_store = [key for key in dict.fromkeys(block_hashes) if key not in blocks]
+        slots = self._slots
+        unique = dict.fromkeys(block_hashes)
+        to_store = list(filterfalse(slots.__contains__, unique))
+        # Only resident keys of the store can be victims; usually there are none.
+        all_new = len(to_store) == len(unique)
         if self.store_threshold > 1:
             admitted = [k for k in to_store if self._seen.get(k, 0) >= self.store_threshold]
             self._n["stores_skipped"] += len(to_store) - len(admitted)
@@ -236,15 +250,15 @@ class TierManager:
         if need > 0:
             victims = None
             if len(to_store) <= self.num_blocks:
-                protected = block_hashes if len(block_hashes) < 8 else set(block_hashes)
+                protected = () if all_new else unique.keys()
                 victims = self.policy.choose_victims(need, self._is_held, protected, to_store)
             if victims is None:
                 self._n["stores_rejected"] += len(to_store)
                 return None
             self._evict(victims)
             evicted = victims
-        slots = self._free.take(len(to_store))
-        blocks.update(zip(to_store, map(_Block, slots, repeat(BlockState.STORING)), strict=True))
+        new_slots = self._free.take(len(to_store))
+        slots.update(zip(to_store, new_slots, strict=True))
         self._busy.update(to_store)
         self.policy.add_all(to_store)
         if self.store_threshold > 1:
@@ -253,7 +267,7 @@ class TierManager:
         self._n["stores"] += len(to_store)
         return PrepareStoreOutput(
             block_hashes_to_store=tuple(to_store),
-            store_spec=self._spec_type.for_blocks(to_store, slots),
+            store_spec=self._spec_type.for_blocks(to_store, new_slots),
             block_hashes_evicted=tuple(evicted),
         )
 
@@ -266,14 +280,13 @@ class TierManager:
         with ``whole``, the first of them ends the head instead (so that every new key
         of the head is stored: a promotion needs them all).
         """
-        blocks, ready, threshold = self._blocks, BlockState.READY, self.store_threshold
-        room = len(self._free) + len(blocks) - len(self._busy)  # free + evictable slots
+        slots, busy, ready, threshold = self._slots, self._busy, self._ready, self.store_threshold
+        room = len(self._free) + len(slots) - len(busy)  # free + evictable slots
         new: set[BlockHash] = set()
         protected: set[BlockHash] = set()
         for i, key in enumerate(block_hashes):
-            blk = blocks.get(key)
-            if blk is not None:
-                if blk.state is ready and blk.pins == 0 and key not in protected:
+            if key in slots:
+                if key in ready and key not in busy and key not in protected:
                     protected.add(key)  # the store's own keys are never evicted
                     room -= 1
             elif key not in new:
@@ -295,29 +308,23 @@ class TierManager:
         Raises:
             ProtocolError: a key is not resident (nothing is changed).
         """
-        found = list(map(self._blocks.get, block_hashes))
-        if None in found:  # blocks compare by identity: this is a C-level scan
-            key = block_hashes[found.index(None)]
+        slots, ready = self._slots, self._ready
+        if not all(map(slots.__contains__, block_hashes)):
+            key = next(filterfalse(slots.__contains__, block_hashes))
             raise ProtocolError(
                 f"complete_store: block {key.hex()[:16]} was not prepared for storing"
             )
-        changed: list[BlockHash] = []
-        storing, ready = BlockState.STORING, BlockState.READY
-        for key, blk in zip(block_hashes, found, strict=True):
-            if blk is None or blk.state is not storing:
-                continue  # READY already (or listed twice)
-            changed.append(key)
-            if success:
-                blk.state = ready  # a STORING block has no load pins
-            else:
-                del self._blocks[key]
-                self._free.append(blk.slot)
-                self.policy.remove(key)
-        self._busy.difference_update(changed)
+        # The STORING keys, once each (READY ones are left as they are).
+        changed = list(dict.fromkeys(filterfalse(ready.__contains__, block_hashes)))
+        self._busy.difference_update(changed)  # a STORING block has no load pins
         if success:
+            ready.update(changed)
             self.policy.release_all(changed)
             self._n["stored"] += len(changed)
         else:
+            for key in changed:
+                self._free.append(slots.pop(key))
+                self.policy.remove(key)
             self._n["store_failures"] += len(changed)
         if success and changed and self.enable_events:
             self._events.append(
@@ -346,15 +353,16 @@ class TierManager:
         Raises:
             ProtocolError: the tier is not empty, or there are more keys than slots.
         """
-        if self._blocks or len(block_hashes) > self.num_blocks:
+        if self._slots or len(block_hashes) > self.num_blocks:
             raise ProtocolError(
                 f"restore: {len(block_hashes)} blocks into a tier of {self.num_blocks} "
-                f"holding {len(self._blocks)}"
+                f"holding {len(self._slots)}"
             )
         slots = []
         for key in dict.fromkeys(block_hashes):
             slot = self._free.pop()
-            self._blocks[key] = _Block(slot, BlockState.READY)
+            self._slots[key] = slot
+            self._ready.add(key)
             self.policy.add(key)
             slots.append(slot)
         return slots
@@ -367,15 +375,11 @@ class TierManager:
         loaded. Absent, pinned or STORING keys are left as they are. Returns the keys
         dropped (recorded as removed events).
         """
-        gone = [
-            k
-            for k in dict.fromkeys(block_hashes)
-            if (blk := self._blocks.get(k)) is not None
-            and blk.state is BlockState.READY
-            and blk.pins == 0
-        ]
+        ready, busy = self._ready, self._busy
+        gone = [k for k in dict.fromkeys(block_hashes) if k in ready and k not in busy]
         for key in gone:
-            self._free.append(self._blocks.pop(key).slot)
+            self._free.append(self._slots.pop(key))
+            ready.remove(key)
             self.policy.remove(key)
         if gone and self.enable_events:
             self._events.append(
@@ -409,8 +413,8 @@ class TierManager:
 
     def _evict(self, victims: list[BlockHash]) -> None:
         assert self._busy.isdisjoint(victims), "policy chose a held block"
-        blocks = self._blocks
-        self._free.extend([blocks.pop(key).slot for key in victims])
+        self._free.extend(map(self._slots.pop, victims))
+        self._ready.difference_update(victims)
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)
         if self.enable_events:
@@ -418,10 +422,19 @@ class TierManager:
                 OffloadingEvent(tuple(victims), self.block_size, self.medium, removed=True)
             )
 
+    def _pin_each(self, keys: Sequence[BlockHash]) -> None:
+        """Add one pin per occurrence of each key, one key at a time."""
+        pinned, extra = self._pinned, self._extra
+        for key in keys:
+            if key in pinned:
+                extra[key] += 1
+            else:
+                pinned.add(key)
+
     def _count_seen(self, keys: Sequence[BlockHash]) -> None:
         seen = self._seen
         for key in keys:
-            if key in self._blocks:
+            if key in self._slots:
                 continue
             seen[key] = seen.pop(key, 0) + 1
         while len(seen) > self._seen_cap:

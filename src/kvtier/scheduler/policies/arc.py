@@ -19,8 +19,9 @@ only -- it stays in T1. Keys that are not resident are ignored by ``touch``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
+from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
@@ -65,8 +66,7 @@ class ARCPolicy(SegmentedPolicy):
         self._trim_ghosts()
 
     def add_all(self, keys: Sequence[BlockHash]) -> None:
-        b1, b2 = self._b1, self._b2
-        if any(k in b1 or k in b2 for k in keys):
+        if not (self._b1.keys().isdisjoint(keys) and self._b2.keys().isdisjoint(keys)):
             for key in keys:
                 self.add(key)
         else:  # the common case: all new to T1, ghosts trimmed once
@@ -82,6 +82,17 @@ class ARCPolicy(SegmentedPolicy):
                 self._t1.touch(key)
         elif key in self._t2:
             self._t2.touch(key)
+
+    def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
+        if self._t2.holds_all(keys):  # the usual case: a touch only moves a T2 block
+            self._t2.touch_all(keys)
+            return
+        if not isinstance(ready, (set, frozenset)) or not ready.issuperset(keys):
+            super().touch_all(keys, ready)
+            return
+        # Every key is reused: each leaves T1 (if there) for T2's hot end, in turn.
+        self._t1.discard_all(keys)
+        self._t2.move_all_to_end(keys)
 
     def choose_victims(
         self,
@@ -133,6 +144,12 @@ class ARCPolicy(SegmentedPolicy):
         return from_t1 + from_t2
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
+        for t, b in ((self._t1, self._b1), (self._t2, self._b2)):
+            if t.holds_all(victims):  # the usual case: all from one list, in C
+                t.remove_all(victims)
+                b.update(dict.fromkeys(victims))
+                self._trim_ghosts()
+                return
         for key in victims:
             if key in self._t1:
                 self._t1.remove(key)
@@ -145,7 +162,15 @@ class ARCPolicy(SegmentedPolicy):
     def _trim_ghosts(self) -> None:
         c, b1, b2 = self.capacity, self._b1, self._b2
         t1 = len(self._t1)
-        for _ in range(min(len(b1), t1 + len(b1) - c)):
-            b1.popitem(last=False)
-        for _ in range(t1 + len(self._t2) + len(b1) + len(b2) - 2 * c):
-            (b2 if b2 else b1).popitem(last=False)
+        _pop_oldest(b1, min(len(b1), t1 + len(b1) - c))
+        excess = t1 + len(self._t2) + len(b1) + len(b2) - 2 * c
+        if excess > 0:  # from B2, then B1 once B2 is empty
+            from_b2 = min(excess, len(b2))
+            _pop_oldest(b2, from_b2)
+            _pop_oldest(b1, excess - from_b2)
+
+
+def _pop_oldest(ghosts: OrderedDict[BlockHash, None], n: int) -> None:
+    """Drop the ``n`` oldest ghosts (none when ``n <= 0``), in one C-level pass."""
+    if n > 0:
+        deque(map(ghosts.popitem, repeat(False, n)), maxlen=0)

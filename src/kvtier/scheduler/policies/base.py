@@ -9,8 +9,8 @@ pins, slots, capacity, events — and tells the policy only what it needs:
 * ``remove(key)``: a block left without being evicted (its store failed).
 * ``release(key)``: a block that was held (storing or pinned) is evictable again.
 * ``observe(keys)``: a request looked up these keys (a policy may learn from it).
-* ``add_all`` / ``release_all``: the same for a batch, in order (the manager calls
-  these; the base class loops, a policy may do better).
+* ``add_all`` / ``release_all`` / ``touch_all``: the same for a batch, in order (the
+  manager calls these; the base class loops, a policy may do better).
 * ``choose_victims(n, is_held, protected, incoming)``: pick ``n`` evictable blocks, or
   ``None`` if there are not enough. Nothing observable changes; the manager then
   calls ``evict(victims)`` to commit, so eviction is all or nothing.
@@ -62,6 +62,12 @@ class EvictionPolicy(ABC):
         """``release`` each key (a policy may do it faster)."""
         for key in keys:
             self.release(key)
+
+    def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
+        """``touch`` each key, in order (each resident): a reuse for keys in ``ready``,
+        recency only for the others (being stored). A policy may do it faster."""
+        for key in keys:
+            self.touch(key, key in ready)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
         """A request looked up ``keys`` (its whole prefix, in order). Default: nothing.

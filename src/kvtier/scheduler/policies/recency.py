@@ -27,9 +27,9 @@ without the generator.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Generator, Hashable, Iterator, Sequence
-from itertools import islice
+from itertools import filterfalse, islice, repeat
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -58,7 +58,7 @@ class RecencyList(Generic[K]):
 
     def add_all(self, keys: Sequence[K]) -> None:
         """Add new keys, in order, as the most recent (none may be in the list)."""
-        self._order.update(dict.fromkeys(keys))
+        self._order.update(zip(keys, repeat(None)))  # one C-level pass
 
     def touch(self, key: K) -> None:
         """Make a key that is in the list the most recent."""
@@ -67,6 +67,41 @@ class RecencyList(Generic[K]):
         else:
             del self._parked[key]  # a stale heap entry, if any, is dropped lazily
             self._order[key] = None
+
+    def touch_all(self, keys: Sequence[K]) -> None:
+        """``touch`` each key, in order (each must be in the list)."""
+        parked = self._parked
+        if parked and not parked.keys().isdisjoint(keys):
+            for key in keys:
+                self.touch(key)
+        else:  # the usual case: one C-level pass
+            deque(map(self._order.move_to_end, keys), maxlen=0)
+
+    def move_all_to_end(self, keys: Sequence[K]) -> None:
+        """Make each key the most recent, in order, adding those not in the list."""
+        order, parked = self._order, self._parked
+        if parked and not parked.keys().isdisjoint(keys):
+            for key in keys:
+                if parked.pop(key, None) is None:
+                    order.pop(key, None)
+                order[key] = None
+        else:  # C-level: add the new keys, then move every key to the end in turn
+            order.update(dict.fromkeys(filterfalse(order.__contains__, keys)))
+            deque(map(order.move_to_end, keys), maxlen=0)
+
+    def discard_all(self, keys: Sequence[K]) -> None:
+        """Remove those of ``keys`` that are in the list."""
+        deque(map(self._order.pop, keys, repeat(None)), maxlen=0)
+        parked = self._parked
+        if parked:
+            for key in parked.keys() & keys:  # C-level: looks each key up in parked
+                del parked[key]
+
+    def holds_all(self, keys: Sequence[K]) -> bool:
+        """Whether every key is in the list (one C-level pass when none is parked)."""
+        if self._parked:
+            return all(key in self for key in keys)
+        return all(map(self._order.__contains__, keys))
 
     def remove(self, key: K) -> None:
         """Remove a key that is in the list."""
@@ -78,6 +113,9 @@ class RecencyList(Generic[K]):
     def remove_all(self, keys: Sequence[K]) -> None:
         """``remove`` each key."""
         order, parked = self._order, self._parked
+        if not parked:  # every key is in the order: one C-level pass
+            deque(map(order.__delitem__, keys), maxlen=0)
+            return
         for key in keys:
             if key in order:
                 del order[key]
@@ -91,10 +129,16 @@ class RecencyList(Generic[K]):
             heapq.heappush(self._released, (seq, key))
 
     def release_all(self, keys: Sequence[K]) -> None:
-        """``release`` each key; nothing to do unless some key was parked."""
-        if self._parked:
-            for key in keys:
-                self.release(key)
+        """``release`` each key; nothing to do unless some key was parked.
+
+        Only the parked keys among ``keys`` are visited (a C-level intersection), so
+        releasing costs nothing per pinned block elsewhere in the list. The order of
+        the pushes does not matter: the heap orders them by parking sequence.
+        """
+        parked = self._parked
+        if parked:
+            for key in parked.keys() & keys:
+                heapq.heappush(self._released, (parked[key], key))
 
     def coldest(
         self, n: int, is_held: Callable[[K], bool], protected: Collection[K]
@@ -106,7 +150,7 @@ class RecencyList(Generic[K]):
             if (
                 len(victims) == n
                 and not any(map(is_held, victims))
-                and not any(map(protected.__contains__, victims))
+                and not (protected and any(map(protected.__contains__, victims)))
             ):
                 return victims
         candidates = self.evictable(is_held, protected)
