@@ -4,6 +4,8 @@ testing, issue 19)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 import pytest
 
 from kvtier.blocks import BlockId, Medium
@@ -11,6 +13,7 @@ from kvtier.errors import ConfigError, ProtocolError
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.manager import BlockState
+from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent
 from kvtier.scheduler.slots import FreeSlots
 
@@ -377,3 +380,24 @@ def test_a_discard_that_drops_nothing_records_no_event() -> None:
     m = make(2, enable_events=True)
     assert m.discard(keys(1)) == []
     assert list(m.take_events()) == []
+
+
+def test_a_policy_that_chooses_a_held_block_is_caught_before_anything_changes() -> None:
+    class Careless(LRUPolicy):
+        """Chooses the coldest blocks, held or not (a broken strategy)."""
+
+        def choose_victims(
+            self,
+            n: int,
+            is_held: object,
+            protected: Collection[bytes],
+            incoming: Sequence[bytes],
+        ) -> list[bytes] | None:
+            return keys(1)[:n]
+
+    m = TierManager(medium=Medium.CPU, num_blocks=1, block_size=16, policy=Careless(1))
+    store(m, keys(1))
+    m.prepare_load(keys(1))
+    with pytest.raises(AssertionError, match=r"^policy chose a held block$"):
+        m.prepare_store(keys(2))
+    assert m.pins(keys(1)[0]) == 1 and m.state(keys(1)[0]) is BlockState.READY
