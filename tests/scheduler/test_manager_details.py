@@ -401,3 +401,38 @@ def test_a_policy_that_chooses_a_held_block_is_caught_before_anything_changes() 
     with pytest.raises(AssertionError, match=r"^policy chose a held block$"):
         m.prepare_store(keys(2))
     assert m.pins(keys(1)[0]) == 1 and m.state(keys(1)[0]) is BlockState.READY
+
+
+def test_config_errors_are_exact() -> None:
+    with pytest.raises(ConfigError, match=r"^config key 'num_blocks': must be a positive"):
+        make(0)
+    with pytest.raises(ConfigError, match=r"^config key 'num_blocks': must be a positive"):
+        TierManager(medium=Medium.DISK, num_blocks=0, block_size=16, policy=make_policy("lru", 1))
+    with pytest.raises(ConfigError, match=r"^config key 'block_size': must be a positive"):
+        TierManager(medium=Medium.DISK, num_blocks=1, block_size=0, policy=make_policy("lru", 1))
+    with pytest.raises(ConfigError, match=r"^config key 'store_threshold': must be an integer"):
+        make(1, store_threshold=-1)
+
+
+def test_a_tier_records_events_only_when_asked() -> None:
+    m = TierManager(medium=Medium.DISK, num_blocks=1, block_size=16, policy=make_policy("lru", 1))
+    store(m, keys(1))
+    store(m, keys(2))
+    assert list(m.take_events()) == []
+
+
+def test_pins_are_counted_whatever_else_is_pinned() -> None:
+    m = make(4)
+    store(m, keys(1, 2, 3, 9))
+    m.prepare_load(keys(9))
+    m.prepare_load(keys(1, 1, 1))
+    assert m.pins(keys(1)[0]) == 3
+    m.complete_load(keys(1, 1, 1))
+    assert m.pins(keys(1)[0]) == 0
+    m.prepare_load(keys(1, 1))  # one key pinned twice, k9 once
+    m.complete_load(keys(1, 1))
+    assert (m.pins(keys(1)[0]), m.pins(keys(9)[0])) == (0, 1)
+    m.prepare_load(keys(2, 3))
+    with pytest.raises(ProtocolError, match="not pinned by a load"):
+        m.complete_load(keys(2, 2, 2, 2, 2))
+    assert [m.pins(k) for k in keys(2, 3, 9)] == [1, 1, 1], "nothing unpinned"
