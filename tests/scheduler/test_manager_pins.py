@@ -1,5 +1,8 @@
-"""Load pins counted per occurrence: the batch fast paths of ``prepare_load`` and
-``complete_load`` must count a key listed twice, or pinned by two loads, as two pins."""
+"""Keys listed twice: the batch fast paths must fall back to counting.
+
+Load pins are counted per occurrence: ``prepare_load`` and ``complete_load`` must count
+a key listed twice, or pinned by two loads, as two pins. ``complete_store`` of a key
+listed twice stores it once (one stored event, one count, one slot)."""
 
 from __future__ import annotations
 
@@ -59,3 +62,16 @@ def test_unpinning_a_key_twice_that_has_one_pin_fails_and_changes_nothing(policy
     assert m.pins(a) == 1
     out = m.prepare_store(keys(3))  # ``a`` still pinned: ``b`` must go
     assert out is not None and out.block_hashes_evicted == (b,)
+
+
+def test_completing_a_store_of_a_key_listed_twice_stores_it_once(policy: str) -> None:
+    m = CPUOffloadingManager(num_blocks=4, block_size=16, eviction_policy=policy)
+    m.enable_events = True
+    a, b = keys(1, 2)
+    m.prepare_store([a, b])
+    m.complete_store([a, b, a])
+    assert m.stats().stored == 2
+    assert [e.block_hashes for e in m.take_events()] == [(a, b)]
+    m.prepare_store(keys(3))
+    m.complete_store(keys(3, 3), success=False)
+    assert m.stats().store_failures == 1 and m.num_free == 2

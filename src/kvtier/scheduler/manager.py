@@ -22,7 +22,7 @@ that each batch call is a few C-level set and dict operations (``update``,
 ``issuperset``, ``filter``) instead of a Python loop over its keys::
 
     _slots: key -> slot      every resident block (STORING or READY)
-    _ready: set              READY blocks            (STORING = in _slots, not in _ready)
+    _storing: set            STORING blocks (few: stores in flight); READY = the rest
     _pinned: set             READY blocks pinned by at least one load
     _extra: key -> count     pins beyond the first (rare: the same block in two loads)
     _busy:  set              STORING or pinned: what eviction must not take
@@ -93,7 +93,7 @@ class TierManager:
         self.store_threshold = store_threshold
         self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
         self._slots: dict[BlockHash, BlockId] = {}  # resident blocks (module docstring)
-        self._ready: set[BlockHash] = set()
+        self._storing: set[BlockHash] = set()
         self._pinned: set[BlockHash] = set()
         self._extra: Counter[BlockHash] = Counter()
         # Blocks STORING or pinned by a load: not evictable now. A set, so that the
@@ -121,9 +121,9 @@ class TierManager:
 
     def state(self, key: BlockHash) -> BlockState | None:
         """The block's state, or ``None`` when it is not resident."""
-        if key in self._ready:
-            return BlockState.READY
-        return BlockState.STORING if key in self._slots else None
+        if key not in self._slots:
+            return None
+        return BlockState.STORING if key in self._storing else BlockState.READY
 
     def pins(self, key: BlockHash) -> int:
         """How many loads currently pin the block (0 when absent)."""
@@ -146,7 +146,10 @@ class TierManager:
 
     def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
         """Length of the longest run of READY blocks from the first key."""
-        hit = len(list(takewhile(self._ready.__contains__, block_hashes)))
+        hit = len(list(takewhile(self._slots.__contains__, block_hashes)))
+        storing = self._storing
+        if storing and not storing.isdisjoint(block_hashes[:hit]):  # a block in flight
+            hit = next(i for i, key in enumerate(block_hashes) if key in storing)
         self.policy.observe(block_hashes)
         n = self._n
         n["lookups"] += 1
@@ -162,9 +165,9 @@ class TierManager:
         Raises:
             ProtocolError: a key is absent or still being stored (nothing is pinned).
         """
-        ready = self._ready
-        if not ready.issuperset(block_hashes):
-            key = next(filterfalse(ready.__contains__, block_hashes))
+        slots, storing = self._slots, self._storing
+        if not (all(map(slots.__contains__, block_hashes)) and storing.isdisjoint(block_hashes)):
+            key = next(k for k in block_hashes if k not in slots or k in storing)
             raise ProtocolError(
                 f"prepare_load: block {key.hex()[:16]} is "
                 f"{'storing' if key in self._slots else 'absent'}, not ready"
@@ -192,7 +195,7 @@ class TierManager:
         """
         resident = list(filter(self._slots.__contains__, reversed(block_hashes)))
         if resident:
-            self.policy.touch_all(resident, self._ready)
+            self.policy.touch_all(resident, self._storing)
 
     def complete_load(self, block_hashes: Sequence[BlockHash]) -> None:
         """Unpin blocks pinned by ``prepare_load``.
@@ -259,6 +262,7 @@ class TierManager:
             evicted = victims
         new_slots = self._free.take(len(to_store))
         slots.update(zip(to_store, new_slots, strict=True))
+        self._storing.update(to_store)
         self._busy.update(to_store)
         self.policy.add_all(to_store)
         if self.store_threshold > 1:
@@ -280,13 +284,13 @@ class TierManager:
         with ``whole``, the first of them ends the head instead (so that every new key
         of the head is stored: a promotion needs them all).
         """
-        slots, busy, ready, threshold = self._slots, self._busy, self._ready, self.store_threshold
+        slots, busy, threshold = self._slots, self._busy, self.store_threshold
         room = len(self._free) + len(slots) - len(busy)  # free + evictable slots
         new: set[BlockHash] = set()
         protected: set[BlockHash] = set()
         for i, key in enumerate(block_hashes):
             if key in slots:
-                if key in ready and key not in busy and key not in protected:
+                if key not in busy and key not in protected:  # READY, unpinned
                     protected.add(key)  # the store's own keys are never evicted
                     room -= 1
             elif key not in new:
@@ -308,20 +312,24 @@ class TierManager:
         Raises:
             ProtocolError: a key is not resident (nothing is changed).
         """
-        slots, ready = self._slots, self._ready
+        slots, storing = self._slots, self._storing
         if not all(map(slots.__contains__, block_hashes)):
             key = next(filterfalse(slots.__contains__, block_hashes))
             raise ProtocolError(
                 f"complete_store: block {key.hex()[:16]} was not prepared for storing"
             )
-        # The STORING keys, once each (READY ones are left as they are).
-        changed = list(dict.fromkeys(filterfalse(ready.__contains__, block_hashes)))
+        # The STORING keys (READY ones are left as they are), each once.
+        changed = list(filter(storing.__contains__, block_hashes))
+        before = len(storing)
+        storing.difference_update(changed)
         self._busy.difference_update(changed)  # a STORING block has no load pins
         if success:
-            ready.update(changed)
+            if before - len(storing) != len(changed):  # a key listed twice
+                changed = list(dict.fromkeys(changed))
             self.policy.release_all(changed)
             self._n["stored"] += len(changed)
         else:
+            changed = list(dict.fromkeys(changed))
             for key in changed:
                 self._free.append(slots.pop(key))
                 self.policy.remove(key)
@@ -362,7 +370,6 @@ class TierManager:
         for key in dict.fromkeys(block_hashes):
             slot = self._free.pop()
             self._slots[key] = slot
-            self._ready.add(key)
             self.policy.add(key)
             slots.append(slot)
         return slots
@@ -375,11 +382,10 @@ class TierManager:
         loaded. Absent, pinned or STORING keys are left as they are. Returns the keys
         dropped (recorded as removed events).
         """
-        ready, busy = self._ready, self._busy
-        gone = [k for k in dict.fromkeys(block_hashes) if k in ready and k not in busy]
+        slots, busy = self._slots, self._busy
+        gone = [k for k in dict.fromkeys(block_hashes) if k in slots and k not in busy]
         for key in gone:
-            self._free.append(self._slots.pop(key))
-            ready.remove(key)
+            self._free.append(slots.pop(key))
             self.policy.remove(key)
         if gone and self.enable_events:
             self._events.append(
@@ -414,7 +420,6 @@ class TierManager:
     def _evict(self, victims: list[BlockHash]) -> None:
         assert self._busy.isdisjoint(victims), "policy chose a held block"
         self._free.extend(map(self._slots.pop, victims))
-        self._ready.difference_update(victims)
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)
         if self.enable_events:

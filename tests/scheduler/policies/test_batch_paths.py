@@ -45,10 +45,10 @@ def test_touch_all_is_touch_of_each_key_in_turn(name: str, data: st.DataObject) 
             held.update(keys)  # being stored
         elif op == "touch" and resident:
             keys = data.draw(st.lists(st.sampled_from(resident), min_size=1, max_size=10))
-            ready = set(data.draw(st.lists(st.sampled_from(resident)), label="ready"))
-            batch.touch_all(keys, ready)
+            storing = set(data.draw(st.lists(st.sampled_from(resident)), label="storing"))
+            batch.touch_all(keys, storing)
             for key in keys:
-                oracle.touch(key, key in ready)
+                oracle.touch(key, key not in storing)
         elif op == "hold" and resident:
             held.update(data.draw(st.lists(st.sampled_from(resident), min_size=1)))
         elif op == "release" and held:

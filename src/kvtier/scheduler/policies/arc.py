@@ -83,12 +83,12 @@ class ARCPolicy(SegmentedPolicy):
         elif key in self._t2:
             self._t2.touch(key)
 
-    def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
         if self._t2.holds_all(keys):  # the usual case: a touch only moves a T2 block
             self._t2.touch_all(keys)
             return
-        if not isinstance(ready, (set, frozenset)) or not ready.issuperset(keys):
-            super().touch_all(keys, ready)
+        if not isinstance(storing, (set, frozenset)) or not storing.isdisjoint(keys):
+            super().touch_all(keys, storing)
             return
         # Every key is reused: each leaves T1 (if there) for T2's hot end, in turn.
         self._t1.discard_all(keys)
@@ -102,8 +102,9 @@ class ARCPolicy(SegmentedPolicy):
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
         p = self.p
-        if self._b1 or self._b2:
-            for new in incoming:
+        b1, b2 = self._b1, self._b2
+        if not (b1.keys().isdisjoint(incoming) and b2.keys().isdisjoint(incoming)):
+            for new in incoming:  # only a returning ghost moves p (none: checked in C)
                 p = self._adapted(p, new)
         fast = self._coldest(n, p, is_held, protected)
         if fast is not None:

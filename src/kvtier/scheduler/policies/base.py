@@ -63,11 +63,12 @@ class EvictionPolicy(ABC):
         for key in keys:
             self.release(key)
 
-    def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
-        """``touch`` each key, in order (each resident): a reuse for keys in ``ready``,
-        recency only for the others (being stored). A policy may do it faster."""
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        """``touch`` each key, in order (each resident): recency only for keys in
+        ``storing`` (still being stored), a reuse for the others. A policy may do it
+        faster."""
         for key in keys:
-            self.touch(key, key in ready)
+            self.touch(key, key not in storing)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
         """A request looked up ``keys`` (its whole prefix, in order). Default: nothing.

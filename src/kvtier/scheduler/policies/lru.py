@@ -33,7 +33,7 @@ class LRUPolicy(EvictionPolicy):
     def touch(self, key: BlockHash, reused: bool) -> None:
         self._list.touch(key)
 
-    def touch_all(self, keys: Sequence[BlockHash], ready: Collection[BlockHash]) -> None:
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
         self._list.touch_all(keys)  # a reuse or not, the same move
 
     def remove(self, key: BlockHash) -> None:

@@ -113,7 +113,7 @@ class RecencyList(Generic[K]):
     def remove_all(self, keys: Sequence[K]) -> None:
         """``remove`` each key."""
         order, parked = self._order, self._parked
-        if not parked:  # every key is in the order: one C-level pass
+        if not parked or parked.keys().isdisjoint(keys):  # all in the order: C-level
             deque(map(order.__delitem__, keys), maxlen=0)
             return
         for key in keys:
