@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvtier.blocks import BlockId
 from kvtier.connector.scheduler_half import LoadDone
 from kvtier.jobs import JobKind, TransferResult
-from kvtier.load_store_specs import GPULoadStoreSpec
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 
 from .test_scheduler_half_contract import half, pages, store
 
@@ -27,3 +27,79 @@ def test_a_load_cut_short_lists_only_the_pages_its_blocks_hold() -> None:
     assert progress.loads == (LoadDone("r", 1),)
     stats = h.take_stats()
     assert (stats.loaded_blocks, stats.refused_loads) == (1, 1)
+
+
+def test_jobs_are_numbered_from_zero_and_counters_add_up_over_a_window() -> None:
+    h = half(disk_blocks=16)
+    a, b = pages(2, "a"), pages(3, "b")
+    h.pages_full("a", a, 2, [BlockId(0), BlockId(1)])
+    h.pages_full("b", b, 3, [BlockId(2), BlockId(3), BlockId(4)])
+    jobs = h.take_jobs(write_through=False)
+    assert [(j.job_id, j.kind) for j in jobs] == [(0, JobKind.STORE), (1, JobKind.STORE)]
+    assert [j.dst for j in jobs] == [
+        CPULoadStoreSpec((BlockId(1), BlockId(0))),
+        CPULoadStoreSpec((BlockId(4), BlockId(3), BlockId(2))),
+    ]
+    h.on_finished([TransferResult(0, True, 100, 0.0), TransferResult(1, True, 150, 0.0)])
+    (write,) = h.take_jobs()
+    assert write.job_id == 2 and write.kind is JobKind.WRITE
+    assert write.src == CPULoadStoreSpec(tuple(BlockId(i) for i in (1, 0, 4, 3, 2)))
+    assert isinstance(write.dst, DiskLoadStoreSpec) and write.dst.block_hashes == (*a, *b)
+    h.on_finished([TransferResult(2, True, 500, 0.0)])
+    h.start_load("x", a, 0, [BlockId(10)])
+    h.start_load("y", b, 0, [BlockId(11), BlockId(12)])
+    loads = h.take_jobs(write_through=False)
+    assert [j.job_id for j in loads] == [3, 4]
+    h.on_finished([TransferResult(3, True, 10, 0.0), TransferResult(4, True, 20, 0.0)])
+    h.pages_full("c", pages(1, "c"), 1, [BlockId(7)])
+    h.pages_full("d", pages(1, "d"), 1, [BlockId(8)])
+    failed = h.take_jobs(write_through=False)
+    h.on_finished([TransferResult(j.job_id, False, 0, 0.0) for j in failed])
+    h.start_load("z", a, 0, [BlockId(13)])
+    h.start_load("w", b, 0, [BlockId(14)])
+    h.on_finished([TransferResult(j.job_id, False, 0, 0.0) for j in h.take_jobs(False)])
+    s = h.take_stats()
+    assert (s.stored_blocks, s.bytes_stored, s.failed_stores) == (5, 250, 2)
+    assert (s.loaded_blocks, s.bytes_loaded, s.failed_loads) == (3, 30, 2)
+
+
+def test_a_request_stores_each_block_once_as_its_pages_fill() -> None:
+    # A tier of 2: the second store evicts the first blocks of the same request.
+    h = half(cpu_blocks=2)
+    keys = pages(4)
+    table = [BlockId(20 + i) for i in range(4)]
+    h.pages_full("r", keys, 2, table)
+    (first,) = h.take_jobs(write_through=False)
+    h.on_finished([TransferResult(first.job_id, True, 100, 0.0)])
+    h.pages_full("r", keys, 2, table)
+    assert h.take_jobs(write_through=False) == []
+    h.pages_full("r", keys, 4, table)
+    (second,) = h.take_jobs(write_through=False)
+    assert second.src == GPULoadStoreSpec((BlockId(22), BlockId(23)))
+    h.on_finished([TransferResult(second.job_id, True, 100, 0.0)])
+    assert h.take_stats().refused_stores == 0
+    assert h.request_finished("r") is False, "no store reads its pages any more"
+
+
+def test_a_load_from_inside_a_later_block_skips_the_right_pages() -> None:
+    h = half(f=2)
+    keys = pages(6)
+    store(h, keys, "w")
+    h.start_load("r", keys, 3, [BlockId(40), BlockId(41), BlockId(42)])
+    (job,) = h.take_jobs(write_through=False)
+    assert job.dst == GPULoadStoreSpec((BlockId(40), BlockId(41), BlockId(42)), skip_count=1)
+    assert job.src == CPULoadStoreSpec(
+        (h.manager.primary.slot(keys[3]), h.manager.primary.slot(keys[5]))  # type: ignore[arg-type]
+    )
+    progress = h.on_finished([TransferResult(job.job_id, True, 100, 0.0)])
+    assert progress.loads == (LoadDone("r", 3),)
+
+
+def test_refused_loads_add_up_over_a_window() -> None:
+    h = half(f=1)
+    keys = pages(1)
+    store(h, keys, "w")
+    for rid in ("x", "y"):
+        h.start_load(rid, [*keys, *pages(2, rid)], 0, [BlockId(1), BlockId(2), BlockId(3)])
+    h.on_finished([TransferResult(j.job_id, True, 1, 0.0) for j in h.take_jobs(False)])
+    assert h.take_stats().refused_loads == 4
