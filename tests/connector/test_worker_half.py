@@ -66,3 +66,22 @@ def test_shutdown_goes_through_the_spec_when_there_is_one() -> None:
     alone = Router()
     ConnectorWorker(cast(Any, alone)).shutdown()
     assert alone.calls == [("shutdown",)]
+
+
+def test_from_spec_builds_over_the_specs_router_and_shuts_down_through_the_spec() -> None:
+    router = Router()
+
+    class Built(Spec):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[object] = []
+
+        def get_worker(self, kv_caches: object) -> Router:
+            self.asked.append(kv_caches)
+            return router
+
+    spec, caches = Built(), [object()]
+    half = ConnectorWorker.from_spec(cast(Any, spec), cast(Any, caches))
+    assert spec.asked == [caches] and half.worker is cast(Any, router)
+    half.shutdown()
+    assert (spec.shut, router.calls) == (1, [])
