@@ -4,12 +4,20 @@ contract tests let through, issue 19)."""
 
 from __future__ import annotations
 
-from kvtier.blocks import BlockId
-from kvtier.connector.scheduler_half import LoadDone
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from kvtier.blocks import BlockHash, BlockId, Medium
+from kvtier.connector.scheduler_half import ConnectorScheduler, LoadDone
 from kvtier.jobs import JobKind, TransferResult
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
+from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
+from kvtier.scheduler.tiering import TieredManager
 
-from .test_scheduler_half_contract import half, pages, store
+from .test_scheduler_half_contract import PAGE, half, pages, store
 
 
 def test_a_load_cut_short_lists_only_the_pages_its_blocks_hold() -> None:
@@ -103,3 +111,77 @@ def test_refused_loads_add_up_over_a_window() -> None:
         h.start_load(rid, [*keys, *pages(2, rid)], 0, [BlockId(1), BlockId(2), BlockId(3)])
     h.on_finished([TransferResult(j.job_id, True, 1, 0.0) for j in h.take_jobs(False)])
     assert h.take_stats().refused_loads == 4
+
+
+class Gate:
+    """A shared store holding ``held``, whose checks wait for ``release``."""
+
+    outages = 0
+
+    def __init__(self, held: list[BlockHash]) -> None:
+        self.held = set(held)
+        self.release = threading.Event()
+
+    def exists_many(self, ks: Sequence[bytes]) -> list[bool]:
+        self.release.wait(10)
+        return [k in self.held for k in ks]
+
+
+def shared_half(store: Gate, wait_s: float) -> ConnectorScheduler:
+    remote = TierManager(
+        medium=Medium.REMOTE, num_blocks=16, block_size=PAGE, policy=make_policy("lru", 16)
+    )
+    tiers = TieredManager(
+        CPUOffloadingManager(num_blocks=16, block_size=PAGE),
+        [remote],
+        shared={Medium.REMOTE: store},
+    )
+    return ConnectorScheduler(
+        tiers, block_size_factor=1, gpu_block_size=PAGE, discovery_wait_s=wait_s
+    )
+
+
+def test_admission_waits_for_a_shared_tier_then_counts_what_it_found() -> None:
+    keys = pages(4)
+    store = Gate(keys[:3])
+    h = shared_half(store, wait_s=60.0)
+    assert h.num_external_hit_pages("r", keys, 1, 17) is None, "the remote is being asked"
+    assert h.num_external_hit_pages("r", keys, 1, 17) is None
+    store.release.set()
+    h.manager.wait_discoveries()
+    hit = h.num_external_hit_pages("r", keys, 1, 17)
+    assert hit == 2 and isinstance(hit, int), "pages 1 and 2 found on the remote"
+    assert h.manager.primary.stats().lookups == 1, "asked once, then only re-read"
+    # Answered: the next admission of the request looks up again (and asks the
+    # remote about page 3 again: it may answer None while that check runs).
+    assert h.num_external_hit_pages("r", keys, 1, 17) in (None, 2)
+    assert h.manager.primary.stats().lookups == 2
+    h.shutdown()
+
+
+def test_admission_stops_waiting_after_discovery_wait_s() -> None:
+    keys = pages(3)
+    store = Gate(keys)
+    h = shared_half(store, wait_s=0.05)
+    assert h.num_external_hit_pages("r", keys, 0, 13) is None
+    time.sleep(0.1)
+    assert h.num_external_hit_pages("r", keys, 0, 13) == 0, "waited long enough: misses"
+    store.release.set()
+    h.shutdown()
+
+
+def test_an_unknown_store_policy_is_named() -> None:
+    with pytest.raises(ValueError, match=r"^store_policy must be one of .*'eager'.*got 'lazy'$"):
+        half(store_policy="lazy")
+
+
+def test_a_request_is_released_when_its_last_store_finishes() -> None:
+    h = half()
+    keys = pages(4)
+    h.pages_full("r", keys, 2, [BlockId(0), BlockId(1)])
+    h.pages_full("r", keys, 4, [BlockId(0), BlockId(1), BlockId(2), BlockId(3)])
+    first, second = h.take_jobs(write_through=False)
+    assert h.request_finished("r") is True
+    assert h.on_finished([TransferResult(first.job_id, True, 1, 0.0)]).released == ()
+    assert h.on_finished([TransferResult(second.job_id, True, 1, 0.0)]).released == ("r",)
+    assert h.request_finished("never-seen") is False
