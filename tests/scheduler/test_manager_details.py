@@ -436,3 +436,13 @@ def test_pins_are_counted_whatever_else_is_pinned() -> None:
     with pytest.raises(ProtocolError, match="not pinned by a load"):
         m.complete_load(keys(2, 2, 2, 2, 2))
     assert [m.pins(k) for k in keys(2, 3, 9)] == [1, 1, 1], "nothing unpinned"
+
+
+def test_a_key_listed_three_times_with_another_store_in_flight_is_stored_once() -> None:
+    m = make(4, enable_events=True)
+    for ks in (keys(9), keys(1)):
+        out = m.prepare_store(ks)
+        assert out is not None
+    m.complete_store(keys(1, 1, 1))
+    assert m.stats().stored == 1
+    assert list(m.take_events()) == [OffloadingEvent(tuple(keys(1)), 16, Medium.CPU, False)]
