@@ -185,3 +185,21 @@ def test_a_request_is_released_when_its_last_store_finishes() -> None:
     assert h.on_finished([TransferResult(first.job_id, True, 1, 0.0)]).released == ()
     assert h.on_finished([TransferResult(second.job_id, True, 1, 0.0)]).released == ("r",)
     assert h.request_finished("never-seen") is False
+
+
+def test_a_single_block_on_disk_is_promoted_into_its_cpu_slot_then_loaded() -> None:
+    h = half(cpu_blocks=1, disk_blocks=8)
+    keys = pages(1)
+    store(h, keys, "w")
+    h.on_finished([TransferResult(j.job_id, True, 1, 0.0) for j in h.take_jobs()])
+    store(h, pages(1, "other"), "x")  # pushes it out of the one-block CPU tier
+    h.on_finished([TransferResult(j.job_id, True, 1, 0.0) for j in h.take_jobs()])
+    h.start_load("r", keys, 0, [BlockId(5)])
+    (promotion,) = h.take_jobs(write_through=False)
+    assert promotion.kind is JobKind.PROMOTE
+    assert isinstance(promotion.src, DiskLoadStoreSpec) and promotion.src.block_hashes == (keys[0],)
+    assert promotion.dst == CPULoadStoreSpec((h.manager.primary.slot(keys[0]),))  # type: ignore[arg-type]
+    h.on_finished([TransferResult(promotion.job_id, True, 1, 0.0)])
+    (load,) = h.take_jobs(write_through=False)
+    assert load.kind is JobKind.LOAD and load.src == promotion.dst
+    assert h.on_finished([TransferResult(load.job_id, True, 1, 0.0)]).loads == (LoadDone("r", 1),)
