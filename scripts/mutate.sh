@@ -4,7 +4,8 @@
 # scheduler package is ~1,000 mutants, ~25 min on 2 idle cores), so it is not in CI;
 # run it after changing those modules and read every survivor (docs/testing.md).
 #
-#   scripts/mutate.sh [TARGET...]    TARGET: scheduler | policies | block_format
+#   scripts/mutate.sh [TARGET...]    TARGET: scheduler | manager | policies | block_format |
+#                                            connector
 #                                    (default: scheduler block_format)
 #   NICE=19 JOBS=2 scripts/mutate.sh scheduler
 #
@@ -44,6 +45,13 @@ run_target() {
     scheduler)
       sources='["src/kvtier/scheduler/"]'
       tests='["tests/scheduler/", "tests/sim/test_slru.py"]' ;;
+    manager)
+      # The scheduler side without the policies (they have their own target).
+      sources='["src/kvtier/scheduler/manager.py", "src/kvtier/scheduler/tiering.py", "src/kvtier/scheduler/slots.py", "src/kvtier/scheduler/discovery.py", "src/kvtier/scheduler/protocol.py"]'
+      tests='["tests/scheduler/", "tests/connector/"]' ;;
+    connector)
+      sources='["src/kvtier/connector/scheduler_half.py", "src/kvtier/connector/worker_half.py"]'
+      tests='["tests/connector/"]' ;;
     policies)
       sources='["src/kvtier/scheduler/policies/"]'
       tests='["tests/scheduler/policies/", "tests/scheduler/test_manager_contract.py", "tests/sim/test_slru.py"]' ;;

@@ -190,5 +190,7 @@ def test_a_failed_promotion_loads_nothing_and_drops_the_bad_copy() -> None:
     assert progress.loads == (LoadDone("r", 0),)
     assert h.take_jobs() == [], "no load of blocks that never arrived"
     assert not h.has_pending_work
-    assert h.take_stats().failed_loads == 2
+    stats = h.take_stats()
+    assert (stats.failed_loads, stats.loaded_blocks, stats.hit_blocks) == (2, 0, {})
+    assert stats.refused_loads == 0, "failed, not refused: each block counted once"
     assert h.manager.lookup(keys) == 0, "the unreadable disk copy is a miss from now on"
