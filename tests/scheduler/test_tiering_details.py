@@ -408,12 +408,6 @@ def test_a_promotion_head_stops_at_the_first_key_the_primary_would_not_admit() -
     assert jobs is not None and [j.block_hashes for j in jobs] == [tuple(keys(1))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prepare_promotion refused for a key admission skips is not 'nothing changed': "
-    "the primary's prepare_store forgot the admitted keys' use counts and counted "
-    "stores and store failures (the connector asks can_promote first, so it never does this)",
-)
 def test_a_promotion_refused_by_admission_changes_nothing() -> None:
     primary = CPUOffloadingManager(num_blocks=4, block_size=16, store_threshold=2)
     t = TieredManager(primary, [tier(Medium.DISK, 4)])

@@ -271,6 +271,8 @@ class TieredManager:
         wanted = [k for keys in plan.values() for k in keys]
         if not wanted:
             return []
+        if self.primary.can_store(wanted, whole=True) < len(wanted):
+            return None  # no room, or admission would skip a key: ask before acting
         out = self.primary.prepare_store(wanted)
         if out is None or len(out.block_hashes_to_store) != len(wanted):
             if out is not None:
