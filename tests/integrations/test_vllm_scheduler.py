@@ -85,7 +85,7 @@ def test_a_job_completes_only_when_both_ranks_report(harness_factory: Any) -> No
     docs_workload(h, 40)
     h.hold_rank = 1  # rank 1's results reach the scheduler one step late
     held_loads = 0
-    while h.scheduler.has_requests():
+    while h.scheduler.has_requests():  # bounded: step() fails past h.max_steps
         h.step()
         loads = h.last_meta.load_jobs
         if not loads:
