@@ -35,6 +35,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import torch
     from vllm import SamplingParams
+    from vllm.config.kv_events import KVEventsConfig
     from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
@@ -98,6 +99,9 @@ class Harness:
     # One aggregator for the engine's life, as vLLM's executor keeps: it counts each
     # request's finished transfers across steps until every rank has reported.
     _aggregator: Any = None
+    # Each step's KV connector stats as vLLM's scheduler sends them to the front end.
+    connector_stats: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)  # what vLLM's event publisher got
 
     @classmethod
     def build(
@@ -108,6 +112,7 @@ class Harness:
         engine_id: str,
         num_gpu_blocks: int,
         world_size: int = 2,
+        kv_events: bool = False,
     ) -> Harness:
         args = EngineArgs(
             model=str(model_dir),
@@ -120,6 +125,9 @@ class Harness:
             dtype="float32",
             tensor_parallel_size=world_size,
             distributed_executor_backend="mp",
+            kv_events_config=(
+                KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
+            ),
             kv_transfer_config={
                 "kv_connector": "OffloadingConnector",
                 "kv_role": "kv_both",
@@ -166,7 +174,9 @@ class Harness:
             log_stats=True,
         )
         init_none_hash(get_hash_fn_by_name("sha256"))
-        return cls(scheduler, ranks, model_dir)
+        h = cls(scheduler, ranks, model_dir)
+        scheduler.kv_event_publisher.publish = lambda batch: h.events.extend(batch.events)
+        return h
 
     @property
     def manager(self) -> Any:
@@ -242,7 +252,10 @@ class Harness:
         if self._aggregator is None:
             self._aggregator = KVOutputAggregator(len(self.ranks))
         merged = self._aggregator.aggregate(outputs)
-        self.scheduler.update_from_output(so, merged)
+        for eco in self.scheduler.update_from_output(so, merged).values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:
+                self.connector_stats.append(stats.kv_connector_stats)
         self.steps += 1
 
     def _forward(
