@@ -198,7 +198,9 @@ def test_corrupt_disk_blocks_are_recomputed_and_counted(
     docs_workload(h, 16)
     h.run()
     failures = h.manager.tiered.stats().promotion_failures
-    assert failures > 0 and h.manager.tiered.stats().promotions == 0
+    # Every tampered block fails (later promotions, if any, read the recomputed blocks
+    # written through again: timing decides how many).
+    assert failures > 0
     assert h.checked_rows > 0  # what was served was recomputed, with right bytes
     sample = prometheus(h)
     assert sample(PROMOTION_FAILURES, tier="disk", reason="corrupt") == failures
