@@ -14,6 +14,13 @@ from typing import Any
 
 import pytest
 
+from kvtier.integrations.vllm.metrics import (
+    BLOCKS,
+    LOOKUPS,
+    PROMOTION_FAILURES,
+    PROMOTIONS,
+    TIER_HITS,
+)
 from tests.integrations.vllm_support import require_vllm_at_least
 
 pytestmark = pytest.mark.slow
@@ -56,6 +63,30 @@ def harness_factory(model_dir: Path) -> Iterator[Any]:
         h.shutdown()
 
 
+def prometheus(h: Any) -> Any:
+    """vLLM's own Prometheus side of the offloading connector (``OffloadPromMetrics``,
+    built from the spec's metric definitions) fed every stats payload the scheduler
+    sent; returns ``sample(name, **labels)``, the value there (0 when never set)."""
+    from functools import partial
+
+    import prometheus_client as prom
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+        OffloadPromMetrics,
+    )
+
+    registry = prom.CollectorRegistry()
+    types = {t: partial(t, registry=registry) for t in (prom.Gauge, prom.Counter, prom.Histogram)}
+    metrics = OffloadPromMetrics(h.scheduler.vllm_config, types, ["engine"], {0: ["0"]})
+    for payload in h.connector_stats:
+        metrics.observe(payload, 0)
+
+    def sample(name: str, **labels: str) -> float:
+        suffix = "_total" if name != BLOCKS else ""
+        return registry.get_sample_value(name + suffix, {"engine": "0", **labels}) or 0.0
+
+    return sample
+
+
 def docs_workload(h: Any, num_requests: int, seed: int = 0) -> None:
     """Requests over 8 shared documents of 5 blocks, each with its own 20-token tail."""
     rng = random.Random(seed)
@@ -74,7 +105,8 @@ def test_hundreds_of_steps_serve_prefixes_from_kvtier_with_right_bytes(
     m = h.manager
     stats = m.cpu.stats()
     # Deterministic: every job is waited for within its step.
-    assert (h.steps, m.counts["hits"], m.counts["misses"]) == (268, 150, 63)
+    hits, misses = (m.metrics.total(LOOKUPS, (r,)) for r in ("hit", "miss"))
+    assert (h.steps, hits, misses) == (268, 150, 63)
     assert (stats.stored, stats.evictions, stats.loads) == (110, 78, 84)
     assert h.checked_rows == 17984  # rows checked against the oracle before any compute
     assert m.cpu.num_free + len(m.cpu) == 32  # capacity: 32 blocks of 2 ranks x 16 KiB
@@ -85,7 +117,7 @@ def test_a_job_completes_only_when_both_ranks_report(harness_factory: Any) -> No
     docs_workload(h, 40)
     h.hold_rank = 1  # rank 1's results reach the scheduler one step late
     held_loads = 0
-    while h.scheduler.has_requests():
+    while h.scheduler.has_requests():  # bounded: step() fails past h.max_steps
         h.step()
         loads = h.last_meta.load_jobs
         if not loads:
@@ -118,10 +150,91 @@ def test_disk_tier_promotes_before_vllm_hears_a_hit(harness_factory: Any, tmp_pa
     m = h.manager
     tiering = m.tiered.stats()
     assert tiering.promotions > 0 and tiering.promotion_failures == 0
-    assert m.counts["pending"] > 0  # vLLM was told HIT_PENDING while blocks came up
-    assert tiering.hit_blocks is not None
+    assert m.metrics.total(LOOKUPS, ("pending",)) > 0  # HIT_PENDING while blocks came up
     assert h.checked_rows > 0
+    # kvtier's counters reached vLLM's Prometheus metrics, exactly.
+    sample = prometheus(h)
+    assert sample(PROMOTIONS, tier="disk") == tiering.promotions
+    assert sample(TIER_HITS, tier="disk") == tiering.promotions  # every one delivered
+    for result in ("hit", "pending", "miss"):
+        assert sample(LOOKUPS, result=result) == m.metrics.total(LOOKUPS, (result,)) > 0
+    assert sample(TIER_HITS, tier="cpu") == m.metrics.total(LOOKUPS, ("hit",))
+    assert sample(BLOCKS, tier="cpu") == len(m.cpu) > 0
+    assert sample(BLOCKS, tier="disk") == len(m.tiered.secondaries[0]) > 0
     # Each rank wrote its own shard files, named by the rank and world size.
     from kvtier.media.disk_layout import LAYOUT
 
     assert len(list((tmp_path / "disk" / LAYOUT).iterdir())) == 2
+
+
+def test_corrupt_disk_blocks_are_recomputed_and_counted(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """A second engine over a disk tier whose every block file was tampered with: each
+    promotion fails its checksum, vLLM recomputes (right bytes), and the failures reach
+    vLLM's metrics as ``corrupt``."""
+    extra = {
+        "cpu_bytes_to_use": 8 * 2 * 16384,
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes_to_use": "16MiB",
+    }
+    first = harness_factory(extra, num_gpu_blocks=24)
+    docs_workload(first, 16)
+    first.run()
+    first.shutdown()
+    from kvtier.media.disk_layout import LAYOUT
+
+    files = [
+        f
+        for f in (tmp_path / "disk" / LAYOUT).rglob("*")
+        if f.is_file() and f.stat().st_size > 16384
+    ]
+    assert files
+    for f in files:
+        raw = bytearray(f.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        f.write_bytes(bytes(raw))
+    h = harness_factory(extra, num_gpu_blocks=24)
+    docs_workload(h, 16)
+    h.run()
+    failures = h.manager.tiered.stats().promotion_failures
+    # Every tampered block fails (later promotions, if any, read the recomputed blocks
+    # written through again: timing decides how many).
+    assert failures > 0
+    assert h.checked_rows > 0  # what was served was recomputed, with right bytes
+    sample = prometheus(h)
+    assert sample(PROMOTION_FAILURES, tier="disk", reason="corrupt") == failures
+    assert sample(PROMOTION_FAILURES, tier="disk", reason="unavailable") == 0
+
+
+def test_tier_events_reach_vllms_publisher_with_their_medium(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """With vLLM's KV events on, blocks stored to and removed from the CPU tier and
+    the disk tier reach vLLM's event publisher, each with its medium."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    h = harness_factory(
+        {
+            "cpu_bytes_to_use": 8 * 2 * 16384,
+            "disk_path": str(tmp_path / "disk"),
+            "disk_bytes_to_use": 24 * 2 * 16384 + 65536,  # a disk tier that evicts too
+        },
+        num_gpu_blocks=24,
+        kv_events=True,
+    )
+    docs_workload(h, 40)
+    h.run()
+    seen: dict[tuple[str, Any, Any], int] = {}
+    for e in h.events:
+        if isinstance(e, BlockStored | BlockRemoved) and e.medium is not None:
+            key = (type(e).__name__, e.medium, getattr(e, "ownership", None))
+            seen[key] = seen.get(key, 0) + len(e.block_hashes)
+    disk = m = h.manager
+    disk = m.tiered.secondaries[0]
+    assert seen.get(("BlockStored", "CPU", None), 0) >= len(m.cpu)
+    assert seen.get(("BlockRemoved", "CPU", None), 0) > 0
+    stored_disk = seen.get(("BlockStored", "STORAGE", "kvtier-disk"), 0)
+    removed_disk = seen.get(("BlockRemoved", "STORAGE", "kvtier-disk"), 0)
+    assert stored_disk > 0 and removed_disk > 0
+    assert stored_disk - removed_disk == len(disk)  # the events account for every block

@@ -35,6 +35,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     import torch
     from vllm import SamplingParams
+    from vllm.config.kv_events import KVEventsConfig
     from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
         build_offloading_config,
@@ -91,9 +92,16 @@ class Harness:
     checked_rows: int = 0
     steps: int = 0
     hold_rank: int | None = None  # a rank whose results are held back one step
+    max_steps: int = 1000  # a run that has not drained by then fails (never hangs)
     _verified: set[str] = field(default_factory=set)
     last_meta: Any = None
     _held: Any = None
+    # One aggregator for the engine's life, as vLLM's executor keeps: it counts each
+    # request's finished transfers across steps until every rank has reported.
+    _aggregator: Any = None
+    # Each step's KV connector stats as vLLM's scheduler sends them to the front end.
+    connector_stats: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Any] = field(default_factory=list)  # what vLLM's event publisher got
 
     @classmethod
     def build(
@@ -104,6 +112,7 @@ class Harness:
         engine_id: str,
         num_gpu_blocks: int,
         world_size: int = 2,
+        kv_events: bool = False,
     ) -> Harness:
         args = EngineArgs(
             model=str(model_dir),
@@ -116,6 +125,9 @@ class Harness:
             dtype="float32",
             tensor_parallel_size=world_size,
             distributed_executor_backend="mp",
+            kv_events_config=(
+                KVEventsConfig(enable_kv_cache_events=True, publisher="null") if kv_events else None
+            ),
             kv_transfer_config={
                 "kv_connector": "OffloadingConnector",
                 "kv_role": "kv_both",
@@ -162,7 +174,9 @@ class Harness:
             log_stats=True,
         )
         init_none_hash(get_hash_fn_by_name("sha256"))
-        return cls(scheduler, ranks, model_dir)
+        h = cls(scheduler, ranks, model_dir)
+        scheduler.kv_event_publisher.publish = lambda batch: h.events.extend(batch.events)
+        return h
 
     @property
     def manager(self) -> Any:
@@ -192,13 +206,20 @@ class Harness:
 
     def step(self) -> None:
         """One engine step (see the module doc)."""
+        assert self.steps < self.max_steps, (
+            f"the scheduler did not drain in {self.max_steps} steps: "
+            f"{len(self.scheduler.requests)} request(s) left"
+        )
         so = self.scheduler.schedule()
         meta = so.kv_connector_metadata
         self.last_meta = meta
-        for r in self.ranks:
-            r.connector.handle_preemptions(meta)
-            r.connector.start_kv_transfers(meta)
-            r.connector.worker.wait(set(meta.load_jobs))  # loads land before the forward
+        # Each worker process gets its own copy of the metadata (vLLM serializes it),
+        # and a worker changes its copy (it pops the stores a preemption flushes).
+        metas = [copy.deepcopy(meta) for _ in self.ranks]
+        for r, m in zip(self.ranks, metas, strict=True):
+            r.connector.handle_preemptions(m)
+            r.connector.start_kv_transfers(m)
+            r.connector.worker.wait(set(m.load_jobs))  # loads land before the forward
         sampled: dict[str, int] = {}
         manager = self.scheduler.kv_cache_manager
         for new in so.scheduled_new_reqs:
@@ -207,12 +228,12 @@ class Harness:
         for req_id, done in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             self._forward(req_id, done, manager, so, sampled)
         outputs = []
-        for r in self.ranks:
-            r.connector.prepare_store_kv(meta)
+        for r, m in zip(self.ranks, metas, strict=True):
+            r.connector.prepare_store_kv(m)
             r.connector.start_kv_transfers(  # submit the deferred stores now, and wait:
-                type(meta)(load_jobs={}, store_jobs={})  # results are deterministic
+                type(m)(load_jobs={}, store_jobs={})  # results are deterministic
             )
-            r.connector.worker.wait(set(meta.store_jobs))
+            r.connector.worker.wait(set(m.store_jobs))
             _, recving = r.connector.get_finished(so.finished_req_ids)
             outputs.append(
                 ModelRunnerOutput(
@@ -228,8 +249,13 @@ class Harness:
         if self.hold_rank is not None:
             held, self._held = self._held, outputs[self.hold_rank]
             outputs[self.hold_rank] = held if held is not None else _empty(sampled)
-        merged = KVOutputAggregator(len(self.ranks)).aggregate(outputs)
-        self.scheduler.update_from_output(so, merged)
+        if self._aggregator is None:
+            self._aggregator = KVOutputAggregator(len(self.ranks))
+        merged = self._aggregator.aggregate(outputs)
+        for eco in self.scheduler.update_from_output(so, merged).values():
+            stats = eco.scheduler_stats
+            if stats is not None and stats.kv_connector_stats:
+                self.connector_stats.append(stats.kv_connector_stats)
         self.steps += 1
 
     def _forward(
@@ -263,11 +289,10 @@ class Harness:
             sampled[req_id] = token
             self.tokens[req_id].append(token)
 
-    def run(self, max_steps: int = 10_000) -> None:
-        """Step until every request has finished."""
+    def run(self) -> None:
+        """Step until every request has finished (at most ``max_steps`` steps)."""
         while self.scheduler.has_requests():
             self.step()
-            assert self.steps < max_steps, "the scheduler did not drain"
 
     def shutdown(self) -> None:
         for r in self.ranks:

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+    OffloadingConnectorStats,
+)
 from vllm.v1.kv_offload.base import (
     GPULoadStoreSpec,
     LoadStoreSpec,
+    Locality,
     LookupResult,
     Medium,
+    OffloadingCounterMetadata,
     OffloadingEvent,
+    OffloadingGaugeMetadata,
     OffloadingManager,
+    OffloadingMetricMetadata,
     OffloadingSpec,
     OffloadingWorker,
     OffloadKey,
@@ -44,11 +51,16 @@ __all__ = [
     "CPULoadStoreSpec",
     "GPULoadStoreSpec",
     "LoadStoreSpec",
+    "Locality",
     "LookupResult",
     "Medium",
     "OffloadKey",
+    "OffloadingConnectorStats",
+    "OffloadingCounterMetadata",
     "OffloadingEvent",
+    "OffloadingGaugeMetadata",
     "OffloadingManager",
+    "OffloadingMetricMetadata",
     "OffloadingSpec",
     "OffloadingWorker",
     "PrepareStoreOutput",

@@ -43,6 +43,17 @@ from typing import Any
 from kvtier.blocks import BlockHash, Medium
 from kvtier.errors import KvtierError
 from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.metrics import (
+    LOOKUPS,
+    PROMOTION_FAILURES,
+    PROMOTIONS,
+    STORE_FAILURES,
+    TIER_HITS,
+    TIER_NAMES,
+    WRITE_FAILURES,
+    KvtierCounters,
+    failure_reason,
+)
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
 from kvtier.load_store_specs import BlockIdsSpec
@@ -51,6 +62,13 @@ from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.tiering import TieredManager, TierJob
 
 logger = logging.getLogger(__name__)
+
+_EVENT_SOURCE: dict[Medium, tuple[Any, Any, str | None]] = {
+    Medium.CPU: (compat.Medium.CPU, None, None),
+    Medium.DISK: (compat.Medium.STORAGE, compat.Locality.LOCAL, "kvtier-disk"),
+    Medium.REMOTE: (compat.Medium.STORAGE, compat.Locality.REMOTE, "kvtier-redis"),
+}
+"""vLLM's (medium, locality, ownership) for each kvtier tier's events."""
 
 REFUSED_CAP = 65536
 """Keys remembered as failed promotions (oldest forgotten first)."""
@@ -90,7 +108,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         # Keys whose promotion failed: never rediscovered in Redis (no retry loop).
         self._refused: OrderedDict[BlockHash, None] = OrderedDict()
         self._checker = ThreadPoolExecutor(1, "kvtier-vllm-discover") if self._remotes else None
-        self.counts = {"hits": 0, "pending": 0, "retries": 0, "misses": 0, "promotion_failures": 0}
+        self.metrics = KvtierCounters()
 
     @property
     def lock(self) -> threading.Lock:
@@ -106,24 +124,26 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         if state is BlockState.READY:
             self.cpu.lookup([k])
             self.cpu.touch([k])
-            return self._count("hits", compat.LookupResult.HIT)
+            self.metrics.add(TIER_HITS, 1, ("cpu",))
+            return self._count("hit", compat.LookupResult.HIT)
         if state is BlockState.STORING:
             return self._count("pending", compat.LookupResult.HIT_PENDING)
         self.cpu.lookup([k])  # a miss: counted, and a use for reuse-gated admission
         tiered = self.tiered
         if tiered is None or self.mover is None:
-            return self._count("misses", compat.LookupResult.MISS)
+            return self._count("miss", compat.LookupResult.MISS)
         if tiered.holder(k) is None and not self._discover(k, req_context.req_id):
             pending = k in self._checks
             return self._count(
-                "retries" if pending else "misses",
+                "retry" if pending else "miss",
                 compat.LookupResult.RETRY if pending else compat.LookupResult.MISS,
             )
         jobs = tiered.prepare_promotion([k])
         if not jobs:  # None: no CPU room now; []: cannot happen (not READY in CPU)
-            return self._count("misses", compat.LookupResult.MISS)
+            return self._count("miss", compat.LookupResult.MISS)
         for job in jobs:
             self._kinds[self.mover.submit(job)] = "promote"
+            self.metrics.add(TIER_HITS, len(job.block_hashes), (TIER_NAMES[job.src.medium],))
         return self._count("pending", compat.LookupResult.HIT_PENDING)
 
     def _discover(self, key: BlockHash, req_id: str) -> bool:
@@ -151,8 +171,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         except KvtierError:
             return False
 
-    def _count(self, name: str, result: Any) -> Any:
-        self.counts[name] += 1
+    def _count(self, result_name: str, result: Any) -> Any:
+        self.metrics.add(LOOKUPS, 1, (result_name,))
         return result
 
     # -- loads ------------------------------------------------------------------------
@@ -211,6 +231,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             target.complete_store(good, True)
         if bad:
             logger.warning("kvtier: %d block(s) failed to store and are dropped", len(bad))
+            self.metrics.add(STORE_FAILURES, len(bad))
             target.complete_store(bad, False)
         self._start_writes()
 
@@ -235,16 +256,28 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         )
 
     def take_events(self) -> Iterable[Any]:
-        """The CPU tier's stored / removed blocks as vLLM ``OffloadingEvent``s."""
-        for event in self.cpu.take_events():
-            yield compat.OffloadingEvent(
-                keys=[compat.OffloadKey(bytes(k)) for k in event.block_hashes],
-                medium=compat.Medium.CPU,
-                removed=event.removed,
-            )
-        if self.tiered is not None:
-            for tier in self.tiered.secondaries:
-                list(tier.take_events())  # kept bounded; vLLM has no medium for them
+        """Every tier's stored / removed blocks as vLLM ``OffloadingEvent``s.
+
+        The CPU tier is vLLM's ``CPU`` medium (the primary: no ownership); disk is
+        ``STORAGE``/``LOCAL`` and Redis ``STORAGE``/``REMOTE``, owned by ``kvtier-disk``
+        and ``kvtier-redis`` (vLLM's names for a secondary tier's events).
+        """
+        tiers = [self.cpu, *(self.tiered.secondaries if self.tiered is not None else ())]
+        for tier in tiers:
+            medium, locality, owner = _EVENT_SOURCE[tier.medium]
+            for event in tier.take_events():
+                yield compat.OffloadingEvent(
+                    keys=[compat.OffloadKey(bytes(k)) for k in event.block_hashes],
+                    medium=medium,
+                    removed=event.removed,
+                    locality=locality,
+                    ownership=owner,
+                )
+
+    def get_stats(self) -> Any:
+        """What vLLM's metrics channel gets each step (see ``metrics``)."""
+        tiers = [self.cpu, *(self.tiered.secondaries if self.tiered is not None else ())]
+        return self.metrics.take({(TIER_NAMES[t.medium],): len(t) for t in tiers})
 
     def reset_cache(self) -> None:
         """Forget every CPU block that nothing pins (a prefix-cache reset)."""
@@ -273,9 +306,15 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         assert tiered is not None
         for job_id, job, ok, error in self.mover.poll():
             kind = self._kinds.pop(job_id)
+            n = len(job.block_hashes)
             if kind == "promote":
+                tier = TIER_NAMES[job.src.medium]
+                self.metrics.add(
+                    PROMOTIONS if ok else PROMOTION_FAILURES,
+                    n,
+                    (tier,) if ok else (tier, failure_reason(error)),
+                )
                 if not ok:
-                    self.counts["promotion_failures"] += len(job.block_hashes)
                     logger.warning("kvtier: promotion failed, recomputing: %s", error)
                     for key in job.block_hashes:
                         self._refused[key] = None
@@ -285,6 +324,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             else:
                 if not ok:
                     logger.warning("kvtier: write-through failed: %s", error)
+                    reason = failure_reason(error)
+                    self.metrics.add(WRITE_FAILURES, n, (TIER_NAMES[job.dst.medium], reason))
                 tiered.complete_write(job, ok)
 
     def _start_writes(self) -> None:

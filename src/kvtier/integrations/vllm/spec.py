@@ -67,6 +67,13 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             engine's KV cache is one kvtier cannot offload.
     """
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """kvtier's ``vllm:kv_offload_kvtier_*`` metrics (see ``metrics``)."""
+        from kvtier.integrations.vllm.metrics import definitions
+
+        return definitions()
+
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         if len(config.groups) != 1:
@@ -126,7 +133,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         remotes: list[Any] = []
         secondaries: list[TierManager] = []
         if cfg.disk_path is not None:
-            disks, disk_tier = self._open_disk()
+            disks, disk_tier = self._open_disk(events)
             secondaries.append(disk_tier)
         if cfg.remote_url is not None:
             remotes = [self._open_remote(rank) for rank in range(self.world_size)]
@@ -136,7 +143,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
                     num_blocks=cfg.remote_index_blocks,
                     block_size=self.block_size,
                     policy=make_policy("lru", cfg.remote_index_blocks),
-                    enable_events=False,
+                    enable_events=events,
                 )
             )
 
@@ -164,7 +171,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         )
         return KvtierManager(cpu, tiered, region, mover, remotes, on_shutdown=close)
 
-    def _open_disk(self) -> tuple[list[Any], TierManager]:
+    def _open_disk(self, events: bool) -> tuple[list[Any], TierManager]:
         """Each rank's disk store, and one index of the blocks every rank holds."""
         from kvtier.media.disk import DiskStore
         from kvtier.media.disk_layout import block_file_size
@@ -202,7 +209,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             num_blocks=num_blocks,
             block_size=self.block_size,
             policy=make_policy(cfg.disk_eviction_policy, num_blocks),
-            enable_events=False,
+            enable_events=events,
         )
         tier.restore([BlockHash(k) for k in recovered])
         logger.info("kvtier: disk tier at %s holds %d block(s)", cfg.disk_path, len(recovered))
