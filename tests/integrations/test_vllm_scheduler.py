@@ -44,9 +44,9 @@ def harness_factory(model_dir: Path) -> Iterator[Any]:
 
     built: list[Any] = []
 
-    def make(extra: dict[str, Any], **kw: Any) -> Any:
+    def make(extra: dict[str, Any], *, model: Path | None = None, **kw: Any) -> Any:
         h = Harness.build(
-            model_dir,
+            model or model_dir,
             {
                 "spec_name": "KvtierOffloadingSpec",
                 "spec_module_path": "kvtier.integrations.vllm",
@@ -238,3 +238,44 @@ def test_tier_events_reach_vllms_publisher_with_their_medium(
     removed_disk = seen.get(("BlockRemoved", "STORAGE", "kvtier-disk"), 0)
     assert stored_disk > 0 and removed_disk > 0
     assert stored_disk - removed_disk == len(disk)  # the events account for every block
+
+
+def test_other_weights_under_the_same_name_never_read_the_blocks(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """A checkpoint rewritten in place (a fine-tune saved over its base model: same
+    path, same config, other weights) does not see the blocks its predecessor left on
+    disk; the unchanged checkpoint does (the control), and so does the same checkpoint
+    again under the user's same ``model_identity``, but not under another one."""
+    from kvtier.media.disk_layout import LAYOUT
+    from tests.integrations.vllm_engine import build_model
+
+    model = tmp_path / "model"
+    build_model(model)
+    extra = {
+        "cpu_bytes_to_use": 8 * 2 * 16384,
+        "disk_path": str(tmp_path / "disk"),
+        "disk_bytes_to_use": "16MiB",
+    }
+
+    def blocks_found(extra: dict[str, Any]) -> int:
+        h = harness_factory(extra, model=model, num_gpu_blocks=24)
+        found = len(h.manager.tiered.secondaries[0])  # recovered from disk at start
+        docs_workload(h, 12)
+        h.run()
+        assert h.checked_rows > 0  # right bytes either way
+        h.shutdown()
+        return found
+
+    assert blocks_found(extra) == 0  # an empty disk
+    stored = blocks_found(extra)
+    assert stored > 0  # the control: the same checkpoint finds what it stored
+    assert blocks_found({**extra, "model_identity": "base-v1"}) == 0  # another identity
+    assert blocks_found({**extra, "model_identity": "base-v1"}) > 0
+    shard_dirs = len(list((tmp_path / "disk" / LAYOUT).iterdir()))
+    weights = next(model.glob("*.safetensors"))
+    raw = bytearray(weights.read_bytes())
+    raw[-4096:] = bytes(4096)  # other weights, same size, same name, same config
+    weights.write_bytes(bytes(raw))
+    assert blocks_found(extra) == 0
+    assert len(list((tmp_path / "disk" / LAYOUT).iterdir())) == shard_dirs + 2  # 2 ranks

@@ -24,7 +24,9 @@ layout, with lookups of blocks other engines wrote answered ``RETRY`` while an
 existence check runs off the scheduler thread.
 
 Storage identity: a chunk row holds every rank's bytes, so the fingerprint names the
-model, the row size, the block size and the whole parallel layout (world size).
+model (name, dtype, its checkpoint's digest -- ``checkpoint`` -- and the optional
+``model_identity`` key of vLLM's ``kv_connector_extra_config``), the row size, the
+block size and the whole parallel layout (world size).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError, KvtierError
+from kvtier.integrations.vllm.checkpoint import checkpoint_digest
 from kvtier.keys import ModelFingerprint, root_key
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.scheduler import TierManager, make_policy
@@ -68,6 +71,7 @@ def _fingerprint(spec: Any, row_bytes: int) -> bytes:
     config = spec.config
     par = config.parallel
     block = int(config.groups[0].tokens_per_block) * int(config.cache.blocks_per_chunk)
+    identity = config.extra_config.get("model_identity", "")
     fp = ModelFingerprint(
         model_id=str(config.model.name),
         dtype=str(config.model.dtype),
@@ -77,7 +81,8 @@ def _fingerprint(spec: Any, row_bytes: int) -> bytes:
             f"tp{par.tp_size}/pp{par.pp_size}/pcp{par.pcp_size}/dcp{par.dcp_size}"
             f"/world{par.world_size}/all-ranks"
         ),
-        extra=(("engine", "vllm-tiering"),),
+        weights=checkpoint_digest(str(config.model.name)),
+        extra=(("engine", "vllm-tiering"), ("model_identity", str(identity))),
     )
     return bytes(root_key(fp))
 

@@ -42,7 +42,7 @@ NOT_IN_VLLM = {
 }
 """kvtier keys that mean nothing under vLLM, and why."""
 
-KVTIER_VLLM_KEYS = frozenset({"shm_dir"})
+KVTIER_VLLM_KEYS = frozenset({"shm_dir", "model_identity"})
 """Keys only the vLLM integration has."""
 
 
@@ -54,10 +54,14 @@ class VllmSettings:
         offloading: kvtier's validated configuration; its ``block_size`` is the
             offloaded block in tokens (vLLM's ``tokens_per_block * blocks_per_chunk``).
         shm_dir: the directory of the CPU tier's shared-memory file (``/dev/shm``).
+        model_identity: the user's name for the weights (e.g. a checkpoint's commit or
+            digest), part of the storage fingerprint beside the checkpoint digest;
+            ``""``: none given.
     """
 
     offloading: OffloadingConfig
     shm_dir: str = "/dev/shm"
+    model_identity: str = ""
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any], block_size: int) -> VllmSettings:
@@ -97,4 +101,10 @@ class VllmSettings:
         shm_dir = extra.get("shm_dir", "/dev/shm")
         if not isinstance(shm_dir, str) or not shm_dir:
             raise ConfigError("shm_dir", f"must be a directory path, got {shm_dir!r}")
-        return cls(offloading=offloading, shm_dir=shm_dir)
+        model_identity = extra.get("model_identity", "")
+        if not isinstance(model_identity, str):
+            raise ConfigError(
+                "model_identity",
+                f"must be a string naming the weights, got {type(model_identity).__name__}",
+            )
+        return cls(offloading=offloading, shm_dir=shm_dir, model_identity=model_identity)

@@ -15,12 +15,14 @@ blocks (every rank's shard of a block lives in the shared region). The disk budg
 split evenly between the ranks' stores.
 
 Storage identity: each rank's shards are stored under a fingerprint of the model
-(name, KV dtype), the page size, the block size and the parallel layout *with the rank
-and world size*, so a rank never reads another's shard, and an engine of another
-layout or model never reads either. Keys inside are vLLM's own ``OffloadKey`` (block
-hash + group index); vLLM's default sha256 block hashes are the same in every process
-and engine (with a non-cryptographic ``prefix_caching_hash_algo``, set
-``PYTHONHASHSEED`` to share disk and Redis between engines).
+(name, KV dtype, a digest of its checkpoint's files -- ``checkpoint`` -- and the
+optional ``model_identity`` key), the page size, the block size and the parallel
+layout *with the rank and world size*, so a rank never reads another's shard, and
+an engine of another layout or model never reads either. Keys inside are vLLM's own
+``OffloadKey`` (block hash + group index); vLLM's default sha256 block hashes are the
+same in every process and engine (with a non-cryptographic
+``prefix_caching_hash_algo``, set ``PYTHONHASHSEED`` to share disk and Redis between
+engines).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from kvtier.blocks import BlockHash, Medium
 from kvtier.errors import ConfigError
 from kvtier.integrations.vllm import compat
+from kvtier.integrations.vllm.checkpoint import checkpoint_digest
 from kvtier.integrations.vllm.manager import KvtierManager
 from kvtier.integrations.vllm.region import HostRegion, RegionLayout, region_path
 from kvtier.integrations.vllm.settings import VllmSettings
@@ -42,8 +45,14 @@ from kvtier.scheduler.tiering import TieredManager
 logger = logging.getLogger(__name__)
 
 
-def storage_fingerprint(config: Any, shard_bytes: int, block_size: int, rank: int) -> bytes:
-    """The digest naming rank ``rank``'s shards of this engine's blocks in disk and Redis."""
+def storage_fingerprint(
+    config: Any, shard_bytes: int, block_size: int, rank: int, *, weights: str, identity: str
+) -> bytes:
+    """The digest naming rank ``rank``'s shards of this engine's blocks in disk and Redis.
+
+    ``weights``: the checkpoint's digest (``checkpoint.checkpoint_digest``); ``identity``:
+    the user's ``model_identity`` key (``""`` when not given).
+    """
     par = config.parallel
     fp = ModelFingerprint(
         model_id=str(config.model.name),
@@ -54,7 +63,12 @@ def storage_fingerprint(config: Any, shard_bytes: int, block_size: int, rank: in
             f"tp{par.tp_size}/pp{par.pp_size}/pcp{par.pcp_size}/dcp{par.dcp_size}"
             f"/world{par.world_size}/rank{rank}"
         ),
-        extra=(("engine", "vllm"), ("tokens_per_hash", str(config.cache.tokens_per_hash))),
+        weights=weights,
+        extra=(
+            ("engine", "vllm"),
+            ("tokens_per_hash", str(config.cache.tokens_per_hash)),
+            ("model_identity", identity),
+        ),
     )
     return bytes(root_key(fp))
 
@@ -85,6 +99,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         self.blocks_per_chunk = int(config.cache.blocks_per_chunk)
         self.block_size = int(config.groups[0].tokens_per_block) * self.blocks_per_chunk
         self.settings = VllmSettings.from_extra_config(self.extra_config, self.block_size)
+        self._weights: str | None = None  # the checkpoint digest, once needed
         cfg = self.settings.offloading
         par = config.parallel
         self.rank, self.world_size = int(par.rank), int(par.world_size)
@@ -190,7 +205,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         stores = [
             DiskStore.open(
                 cfg.disk_path,
-                storage_fingerprint(self.config, self.shard_bytes, self.block_size, rank),
+                self._fingerprint(rank),
                 per_rank,
                 fsync=cfg.disk_fsync,
                 direct_io=cfg.disk_direct_io,
@@ -215,6 +230,19 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         logger.info("kvtier: disk tier at %s holds %d block(s)", cfg.disk_path, len(recovered))
         return stores, tier
 
+    def _fingerprint(self, rank: int) -> bytes:
+        """Rank ``rank``'s storage fingerprint (the checkpoint digested once)."""
+        if self._weights is None:
+            self._weights = checkpoint_digest(str(self.config.model.name))
+        return storage_fingerprint(
+            self.config,
+            self.shard_bytes,
+            self.block_size,
+            rank,
+            weights=self._weights,
+            identity=self.settings.model_identity,
+        )
+
     def _open_remote(self, rank: int) -> Any:
         from kvtier.media.circuit_breaker import Backoff
         from kvtier.media.redis_client import RemoteOptions
@@ -232,7 +260,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             tls_ca_file=cfg.remote_tls_ca_file,
             backoff=Backoff(base_s=cfg.remote_backoff_s),
         )
-        fp = storage_fingerprint(self.config, self.shard_bytes, self.block_size, rank)
+        fp = self._fingerprint(rank)
         return RemoteStore.open(fp, options)
 
     # -- worker side ------------------------------------------------------------------
