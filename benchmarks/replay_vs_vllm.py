@@ -22,7 +22,7 @@ and per wall-second, medians over ``--rounds``, and kvtier / vLLM. Hit blocks of
 are reported as a sanity check: the two LRUs break ties differently (vLLM's ranks
 blocks by request), so they need not agree exactly. Run with vLLM 0.33's python::
 
-    PYTHONPATH=src /work/main/.venv-vllm033/bin/python benchmarks/replay_vs_vllm.py
+    PYTHONPATH=src .venv-vllm033/bin/python benchmarks/replay_vs_vllm.py  # scripts/setup-vllm.sh
 
 Without vLLM importable only kvtier is measured (``vllm`` is ``null`` in the JSON).
 """
