@@ -195,20 +195,7 @@ class LeaderPolicy(SegmentedPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
-        victims = self._extra.coldest(n, is_held, protected)
-        if victims is not None:
-            return victims
-        victims = []
-        for segment in (self._extra, self._kept):
-            candidates = segment.evictable(is_held, protected)
-            try:
-                for key in candidates:
-                    victims.append(key)
-                    if len(victims) == n:
-                        return victims
-            finally:
-                candidates.close()
-        return None
+        return self._coldest_in_order(n, is_held, protected, (self._extra, self._kept))
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         for key in victims:

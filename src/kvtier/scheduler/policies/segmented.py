@@ -8,10 +8,10 @@ proportional to the blocks evicted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.policies.base import EvictionPolicy
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 from kvtier.scheduler.policies.recency import RecencyList
 
 
@@ -45,3 +45,27 @@ class SegmentedPolicy(EvictionPolicy):
     def release_all(self, keys: Sequence[BlockHash]) -> None:
         for segment in self._segments:  # a key parked in none of them needs nothing
             segment.release_all(keys)
+
+    def _coldest_in_order(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        order: Sequence[RecencyList[BlockHash]],
+    ) -> list[BlockHash] | None:
+        """``n`` evictable blocks, the coldest of ``order[0]`` first, then of each next
+        segment in turn; ``None`` when they hold fewer."""
+        victims = order[0].coldest(n, is_held, protected)
+        if victims is not None:
+            return victims
+        victims = []
+        for segment in order:
+            candidates = segment.evictable(is_held, protected)
+            try:
+                for key in candidates:
+                    victims.append(key)
+                    if len(victims) == n:
+                        return victims
+            finally:
+                candidates.close()
+        return None

@@ -86,20 +86,7 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
-        victims = self._probation.coldest(n, is_held, protected)
-        if victims is not None:
-            return victims
-        victims = []
-        for segment in (self._probation, self._protected):
-            candidates = segment.evictable(is_held, protected)
-            try:
-                for key in candidates:
-                    victims.append(key)
-                    if len(victims) == n:
-                        return victims
-            finally:
-                candidates.close()
-        return None
+        return self._coldest_in_order(n, is_held, protected, (self._probation, self._protected))
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         ghost = self._ghost
