@@ -77,8 +77,10 @@ class KeyedBlocksSpec(BlockIdsSpec):
         block_ids: slots of the scheduler's index of the tier, one per key.
         block_hashes: the keys, in transfer order.
         evicted_hashes: keys the tier's index dropped (evicted to make room for this
-            store, or unreadable): a store job's worker deletes them before writing, so
-            the medium follows the index with no index of its own.
+            store, or unreadable): a store job's worker removes them from the medium
+            before writing (the disk reuses one of the same size as the new block's
+            file, ``DiskStore.write``), so the medium follows the index with no index of
+            its own.
     """
 
     block_hashes: tuple[BlockHash, ...] = ()
