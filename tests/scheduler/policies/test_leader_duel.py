@@ -1,0 +1,151 @@
+"""The leader policy's shadows and decisions, at every start and with a margin.
+
+``test_leader.py`` compares the tier with ``LeaderModel`` at the shipped start (LRU)
+and margin (0). A margin and another start make the scores' exact values matter: a
+constant added to every score no longer cancels (with a margin of 0.3, hits of 3 for
+the leader and 4 for a challenger hand the lead on, but not with 1 added to each). So
+the decisions here pin the scoring itself: hits reset each window, decay, the margin,
+ties keeping the leader. Each shadow is also compared alone with the model's, request
+by request. Written for the mutants of ``leader.py`` that survived
+``scripts/mutate.sh policies``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.blocks import BlockHash, Medium
+from kvtier.scheduler.manager import TierManager
+from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
+from tests.budget import examples
+
+from .models import ARCModel, LeaderModel, LRUModel, SLRUModel, _ShadowModel
+
+
+def _k(i: int) -> BlockHash:
+    return BlockHash(i.to_bytes(8, "little"))
+
+
+def _never_held(key: BlockHash) -> bool:
+    return False
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("capacity", [1, 2, 3, 5])
+def test_each_shadow_serves_a_request_as_its_model_does(index: int, capacity: int) -> None:
+    shadow = leader._Shadow(leader.CANDIDATES[index], capacity)
+    model = _ShadowModel((LRUModel, ARCModel, SLRUModel)[index](capacity))
+    rng = random.Random(capacity * 3 + index)
+    for _ in range(300):
+        keys = [_k(rng.randrange(2 * capacity + 3)) for _ in range(rng.randint(1, 5))]
+        assert shadow.request(keys) == model.serve(keys)
+        assert shadow.hits == model.hits
+        assert shadow.resident == set(model.resident)
+
+
+def _run(
+    monkeypatch: pytest.MonkeyPatch,
+    capacity: int,
+    start: int,
+    window: int,
+    margin: float,
+    reqs: list[tuple[list[int], bool, bool]],
+) -> list[str]:
+    """Serve ``reqs`` through two managers, over the policy and over its model; after
+    every request compare hits, stores, the leader, list sizes and eviction order."""
+    monkeypatch.setattr(leader, "START", start)
+    monkeypatch.setattr(leader, "WINDOW_MIN", window)
+    monkeypatch.setattr(leader, "MARGIN", margin)
+    policy = make_policy("leader", capacity)
+    assert isinstance(policy, LeaderPolicy)
+    model = LeaderModel(capacity, start=start, window=window, decay=leader.DECAY, margin=margin)
+    real, twin = (
+        TierManager(medium=Medium.CPU, num_blocks=capacity, block_size=16, policy=p)
+        for p in (policy, model)
+    )
+    leaders: list[str] = []
+    for ids, load, ok in reqs:
+        keys = [_k(i) for i in dict.fromkeys(ids)]
+        hit = real.lookup(keys)
+        assert twin.lookup(keys) == hit
+        for m in (real, twin):
+            m.touch(keys)
+            if load and hit:
+                m.prepare_load(keys[:hit])
+        out = real.prepare_store(keys[hit:])
+        assert twin.prepare_store(keys[hit:]) == out
+        for m in (real, twin):
+            m.touch(keys)
+            if out is not None:
+                m.complete_store(out.block_hashes_to_store, success=ok)
+            if load and hit:
+                m.complete_load(keys[:hit])
+        assert policy.leader == ("lru", "arc", "slru")[model.leader]
+        assert policy.sizes == model.sizes
+        n = len(policy)
+        if n:
+            assert policy.choose_victims(n, _never_held, (), ()) == model.choose_victims(
+                n, _never_held, (), ()
+            )
+        leaders.append(policy.leader)
+    return leaders
+
+
+def _random_requests(seed: int, n: int, keys: int) -> list[tuple[list[int], bool, bool]]:
+    rng = random.Random(seed)
+    return [
+        (
+            [rng.randrange(keys) for _ in range(rng.randint(1, 5))],
+            rng.random() < 0.2,
+            rng.random() < 0.9,
+        )
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.3, 0.9])
+@pytest.mark.parametrize("start", [0, 1, 2])
+def test_the_tier_follows_its_model_from_any_start_with_any_margin(
+    monkeypatch: pytest.MonkeyPatch, start: int, margin: float
+) -> None:
+    seen: set[str] = set()
+    for seed, capacity, window in ((1, 4, 6), (2, 6, 9), (3, 3, 4), (4, 8, 16)):
+        reqs = _random_requests(seed, 250, 3 * capacity)
+        seen.update(_run(monkeypatch, capacity, start, window, margin, reqs))
+    assert len(seen) >= 2  # the lead did change hands
+
+
+requests = st.lists(
+    st.tuples(st.lists(st.integers(0, 15), min_size=1, max_size=5), st.booleans(), st.booleans()),
+    max_size=60,
+)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(
+    capacity=st.integers(1, 8),
+    start=st.integers(0, 2),
+    window=st.integers(1, 12),
+    margin=st.sampled_from([0.0, 0.3, 0.9]),
+    reqs=requests,
+)
+def test_the_tier_follows_its_model_on_any_requests(
+    capacity: int,
+    start: int,
+    window: int,
+    margin: float,
+    reqs: list[tuple[list[int], bool, bool]],
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        _run(mp, capacity, start, window, margin, reqs)
+
+
+def test_a_tie_keeps_the_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing but misses: every score stays 0, and a tie never hands the lead on."""
+    reqs = [([i], False, True) for i in range(40)]
+    assert set(_run(monkeypatch, 4, 1, 5, 0.0, reqs)) == {"arc"}
+    assert set(_run(monkeypatch, 4, 2, 5, 0.0, reqs)) == {"slru"}
