@@ -35,7 +35,7 @@ ghosts are ``slru``'s (held blocks are parked; eviction stays O(evicted)).
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
 from zlib import crc32
 
@@ -195,13 +195,25 @@ class AdaptivePolicy(SegmentedLRUPolicy):
         self._used[key] = next(self._clock)
         super().add(key)
 
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        self._used.update(zip(keys, self._clock, strict=False))  # each key's time, in turn, in C
+        super().add_all(keys)
+
     def touch(self, key: BlockHash, reused: bool) -> None:
         self._used[key] = next(self._clock)
         super().touch(key, reused)
 
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        self._used.update(zip(keys, self._clock, strict=False))  # a repeated key: its last
+        super().touch_all(keys, storing)
+
     def remove(self, key: BlockHash) -> None:
         super().remove(key)
         del self._used[key]
+
+    def remove_all(self, keys: Sequence[BlockHash]) -> None:
+        super().remove_all(keys)
+        deque(map(self._used.__delitem__, keys), maxlen=0)
 
     def choose_victims(
         self,

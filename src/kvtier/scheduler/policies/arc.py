@@ -19,14 +19,14 @@ only -- it stays in T1. Keys that are not resident are ignored by ``touch``.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.recency import RecencyList
-from kvtier.scheduler.policies.segmented import SegmentedPolicy
+from kvtier.scheduler.policies.segmented import SegmentedPolicy, pop_oldest
 
 
 class ARCPolicy(SegmentedPolicy):
@@ -145,33 +145,27 @@ class ARCPolicy(SegmentedPolicy):
         return from_t1 + from_t2
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        for t, b in ((self._t1, self._b1), (self._t2, self._b2)):
-            if t.holds_all(victims):  # the usual case: all from one list, in C
-                t.remove_all(victims)
-                b.update(dict.fromkeys(victims))
-                self._trim_ghosts()
-                return
-        for key in victims:
-            if key in self._t1:
-                self._t1.remove(key)
-                self._b1[key] = None
-            else:
-                self._t2.remove(key)
-                self._b2[key] = None
+        # Each victim leaves its list for that list's ghosts. The list of the first
+        # victim goes first: one C-level pass when all are from one list (the usual case).
+        lists = [(self._t1, self._b1), (self._t2, self._b2)]
+        if victims and victims[0] not in self._t1:
+            lists.reverse()
+        (first, first_ghosts), (second, second_ghosts) = lists
+        rest = first.remove_found(victims)
+        if rest:
+            second.remove_all(rest)
+            second_ghosts.update(zip(rest, repeat(None)))
+            left = set(rest)
+            victims = [key for key in victims if key not in left]
+        first_ghosts.update(zip(victims, repeat(None)))
         self._trim_ghosts()
 
     def _trim_ghosts(self) -> None:
         c, b1, b2 = self.capacity, self._b1, self._b2
         t1 = len(self._t1)
-        _pop_oldest(b1, min(len(b1), t1 + len(b1) - c))
+        pop_oldest(b1, min(len(b1), t1 + len(b1) - c))
         excess = t1 + len(self._t2) + len(b1) + len(b2) - 2 * c
         if excess > 0:  # from B2, then B1 once B2 is empty
             from_b2 = min(excess, len(b2))
-            _pop_oldest(b2, from_b2)
-            _pop_oldest(b1, excess - from_b2)
-
-
-def _pop_oldest(ghosts: OrderedDict[BlockHash, None], n: int) -> None:
-    """Drop the ``n`` oldest ghosts (none when ``n <= 0``), in one C-level pass."""
-    if n > 0:
-        deque(map(ghosts.popitem, repeat(False, n)), maxlen=0)
+            pop_oldest(b2, from_b2)
+            pop_oldest(b1, excess - from_b2)

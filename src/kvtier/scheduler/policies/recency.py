@@ -28,8 +28,16 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Generator, Hashable, Iterator, Sequence
-from itertools import filterfalse, islice, repeat
+from collections.abc import (
+    Callable,
+    Collection,
+    Generator,
+    Hashable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from itertools import chain, filterfalse, islice, repeat
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -97,6 +105,12 @@ class RecencyList(Generic[K]):
             for key in parked.keys() & keys:  # C-level: looks each key up in parked
                 del parked[key]
 
+    def members(self, keys: Iterable[K]) -> list[K]:
+        """Those of ``keys`` in the list, in order (C-level when none is parked)."""
+        if self._parked:
+            return [key for key in keys if key in self]
+        return list(filter(self._order.__contains__, keys))
+
     def holds_all(self, keys: Sequence[K]) -> bool:
         """Whether every key is in the list (one C-level pass when none is parked)."""
         if self._parked:
@@ -111,16 +125,38 @@ class RecencyList(Generic[K]):
             del self._parked[key]
 
     def remove_all(self, keys: Sequence[K]) -> None:
-        """``remove`` each key."""
-        order, parked = self._order, self._parked
-        if not parked or parked.keys().isdisjoint(keys):  # all in the order: C-level
+        """``remove`` each key (each must be in the list, once)."""
+        missing = self.remove_found(keys)
+        if missing:
+            raise KeyError(missing[0])
+
+    def remove_found(self, keys: Sequence[K]) -> list[K]:
+        """Remove those of ``keys`` (distinct) that are in the list; return the others.
+
+        The usual case, every key in the order, is one C-level pass and no other
+        lookup; at the first key not there, the rest go one by one.
+        """
+        order = self._order
+        before = len(order)
+        try:
             deque(map(order.__delitem__, keys), maxlen=0)
-            return
-        for key in keys:
-            if key in order:
-                del order[key]
-            else:
-                del parked[key]
+            return []
+        except KeyError:
+            done = before - len(order)  # the keys before the one not in the order
+        rest = keys[done:]
+        parked = self._parked
+        if parked and not parked.keys().isdisjoint(rest):
+            rest = [key for key in rest if parked.pop(key, None) is None]
+        here = list(filter(order.__contains__, rest))  # usually none: another list's
+        if not here:
+            return list(rest)
+        others = list(filterfalse(order.__contains__, rest))
+        deque(map(order.__delitem__, here), maxlen=0)
+        return others
+
+    def first_n(self, n: int) -> list[K]:
+        """The ``n`` coldest keys, held or not (as ``ordered()[:n]``, without sorting)."""
+        return list(islice(chain(self._parked, self._order), n))
 
     def release(self, key: K) -> None:
         """Tell the list that ``key`` is evictable again (after being held)."""

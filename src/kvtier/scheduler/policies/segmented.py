@@ -8,7 +8,9 @@ proportional to the blocks evicted.
 
 from __future__ import annotations
 
+from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
+from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -38,6 +40,17 @@ class SegmentedPolicy(EvictionPolicy):
 
     def remove(self, key: BlockHash) -> None:
         self._segment(key).remove(key)
+
+    def remove_all(self, keys: Sequence[BlockHash]) -> None:
+        """``remove`` each key (distinct, each resident): one C-level pass per segment
+        in the usual case, where the keys share one segment (or the first few hold
+        them all), and no membership test beforehand."""
+        rest = keys
+        for segment in self._segments:
+            rest = segment.remove_found(rest)
+            if not rest:
+                return
+        raise KeyError(rest[0])
 
     def release(self, key: BlockHash) -> None:
         self._segment(key).release(key)
@@ -69,3 +82,10 @@ class SegmentedPolicy(EvictionPolicy):
             finally:
                 candidates.close()
         return None
+
+
+def pop_oldest(ghosts: OrderedDict[BlockHash, None], n: int) -> None:
+    """Drop the ``n`` oldest keys of a ghost list (none when ``n <= 0``), in one
+    C-level pass."""
+    if n > 0:
+        deque(map(ghosts.popitem, repeat(False, n)), maxlen=0)

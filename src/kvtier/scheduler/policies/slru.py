@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
+from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.recency import RecencyList
-from kvtier.scheduler.policies.segmented import SegmentedPolicy
+from kvtier.scheduler.policies.segmented import SegmentedPolicy, pop_oldest
 
 PROTECTED_SHARE = 0.9
 """Protected blocks at most, as a share of the tier (the rest is probation)."""
@@ -63,21 +64,42 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         return len(self._probation), len(self._protected), len(self._ghost)
 
     def add(self, key: BlockHash) -> None:
-        if key in self._ghost:
-            del self._ghost[key]
-            self._protect(key)
+        self._enter(key)
+
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        if self._ghost.keys().isdisjoint(keys):  # the usual case: all new, to probation
+            self._probation.add_all(keys)
         else:
-            self._probation.add(key)
+            for key in keys:
+                self._enter(key)
 
     def touch(self, key: BlockHash, reused: bool) -> None:
-        if key in self._probation:
-            if reused:
-                self._probation.remove(key)
-                self._protect(key)
-            else:
-                self._probation.touch(key)
-        elif key in self._protected:
-            self._protected.touch(key)
+        self._use(key, reused)
+
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        protected = self._protected
+        if protected.holds_all(keys):  # the usual case: a touch only moves a protected block
+            protected.touch_all(keys)
+            return
+        if not isinstance(storing, (set, frozenset)) or not storing.isdisjoint(keys):
+            self._use_each(keys, storing)  # some touches are recency only
+            return
+        # Every key is reused: each probation key moves to protected's hot end, and each
+        # move past the cap demotes protected's coldest block to probation's hot end.
+        unique = dict.fromkeys(keys)
+        promoted = self._probation.members(unique)
+        n_demoted = min(len(promoted), len(protected) + len(promoted) - self._protected_cap)
+        demoted = protected.first_n(max(0, n_demoted))
+        if len(demoted) < n_demoted or not unique.keys().isdisjoint(demoted):
+            self._use_each(keys, storing)  # a block touched now would be demoted
+            return
+        # No demoted block is touched, so the blocks demoted one move at a time are the
+        # coldest protected ones before the moves, in order; probation loses the
+        # promoted blocks and gains the demoted ones at its hot end.
+        self._probation.remove_all(promoted)
+        protected.move_all_to_end(keys)
+        protected.remove_all(demoted)
+        self._probation.add_all(demoted)
 
     def choose_victims(
         self,
@@ -89,12 +111,33 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         return self._coldest_in_order(n, is_held, protected, (self._probation, self._protected))
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
+        self.remove_all(victims)
         ghost = self._ghost
-        for key in victims:
-            self.remove(key)
-            ghost[key] = None
-        while len(ghost) > self._ghost_cap:
-            ghost.popitem(last=False)
+        ghost.update(zip(victims, repeat(None)))  # a resident key is never a ghost
+        pop_oldest(ghost, len(ghost) - self._ghost_cap)
+
+    def _enter(self, key: BlockHash) -> None:
+        """``add``'s move: a returning ghost to protected, a new key to probation."""
+        if key in self._ghost:
+            del self._ghost[key]
+            self._protect(key)
+        else:
+            self._probation.add(key)
+
+    def _use(self, key: BlockHash, reused: bool) -> None:
+        """``touch``'s move: a reused probation block is promoted; others move within."""
+        if key in self._probation:
+            if reused:
+                self._probation.remove(key)
+                self._protect(key)
+            else:
+                self._probation.touch(key)
+        elif key in self._protected:
+            self._protected.touch(key)
+
+    def _use_each(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        for key in keys:
+            self._use(key, key not in storing)
 
     def _protect(self, key: BlockHash) -> None:
         """Make ``key`` the most recent protected block; demote overflow to probation."""
