@@ -145,19 +145,16 @@ class ARCPolicy(SegmentedPolicy):
         return from_t1 + from_t2
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        # Each victim leaves its list for that list's ghosts. The list of the first
-        # victim goes first: one C-level pass when all are from one list (the usual case).
-        lists = [(self._t1, self._b1), (self._t2, self._b2)]
-        if victims and victims[0] not in self._t1:
-            lists.reverse()
-        (first, first_ghosts), (second, second_ghosts) = lists
-        rest = first.remove_found(victims)
-        if rest:
-            second.remove_all(rest)
-            second_ghosts.update(zip(rest, repeat(None)))
-            left = set(rest)
-            victims = [key for key in victims if key not in left]
-        first_ghosts.update(zip(victims, repeat(None)))
+        # Each victim leaves its list for that list's ghosts: one C-level pass over
+        # each list that holds some (the victims are T1's, then T2's, when ``choose``
+        # picked them).
+        from_t2 = self._t1.remove_found(victims)
+        if from_t2:
+            self._t2.remove_all(from_t2)
+            self._b2.update(zip(from_t2, repeat(None)))
+            t2_keys = set(from_t2)
+            victims = [key for key in victims if key not in t2_keys]
+        self._b1.update(zip(victims, repeat(None)))
         self._trim_ghosts()
 
     def _trim_ghosts(self) -> None:

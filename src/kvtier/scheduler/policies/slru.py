@@ -88,7 +88,7 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         # move past the cap demotes protected's coldest block to probation's hot end.
         unique = dict.fromkeys(keys)
         promoted = self._probation.members(unique)
-        n_demoted = min(len(promoted), len(protected) + len(promoted) - self._protected_cap)
+        n_demoted = len(protected) + len(promoted) - self._protected_cap  # protected <= cap
         demoted = protected.first_n(max(0, n_demoted))
         if len(demoted) < n_demoted or not unique.keys().isdisjoint(demoted):
             self._use_each(keys, storing)  # a block touched now would be demoted
