@@ -174,6 +174,31 @@ def test_remove_found_is_remove_of_each_key_found(data: st.DataObject) -> None:
     assert batch.first_n(3) == oracle.ordered()[:3]
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_touch_listed_touches_the_keys_before_the_first_parked_or_absent_one(
+    data: st.DataObject,
+) -> None:
+    names = [str(i) for i in range(8)]
+    batch: RecencyList[str] = RecencyList()
+    oracle: RecencyList[str] = RecencyList()
+    start = data.draw(st.permutations(names), label="order")
+    held = set(data.draw(st.lists(st.sampled_from(names)), label="held"))
+    for rl in (batch, oracle):
+        rl.add_all(start[:6])  # "6" and "7" are not in the list
+        gen = rl.evictable(held.__contains__, ())  # parks the held run at the cold end
+        next(gen, None)
+        gen.close()
+    keys = data.draw(st.lists(st.sampled_from(names), max_size=8), label="keys")
+    done = batch.touch_listed(keys)
+    listed = set(oracle.ordered()) - set(oracle._parked)
+    expected = next((i for i, key in enumerate(keys) if key not in listed), len(keys))
+    assert done == expected
+    for key in keys[:done]:
+        oracle.touch(key)
+    assert batch.ordered() == oracle.ordered()
+
+
 def test_remove_all_raises_for_a_key_not_in_the_list() -> None:
     rl: RecencyList[str] = RecencyList()
     rl.add_all(["a", "b", "c"])

@@ -83,9 +83,10 @@ class ARCPolicy(SegmentedPolicy):
             self._t2.touch(key)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
-        if self._t2.holds_all(keys):  # the usual case: a touch only moves a T2 block
-            self._t2.touch_all(keys)
+        done = self._t2.touch_listed(keys)  # the usual case: all in T2, touched at once
+        if done == len(keys):
             return
+        keys = keys[done:]  # the first ones were touched as key by key would
         if not isinstance(storing, (set, frozenset)) or not storing.isdisjoint(keys):
             super().touch_all(keys, storing)
             return

@@ -77,9 +77,10 @@ class SegmentedLRUPolicy(SegmentedPolicy):
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
         protected = self._protected
-        if protected.holds_all(keys):  # the usual case: a touch only moves a protected block
-            protected.touch_all(keys)
+        done = protected.touch_listed(keys)  # the usual case: all protected, touched at once
+        if done == len(keys):
             return
+        keys = keys[done:]  # the first ones were touched as key by key would
         if not isinstance(storing, (set, frozenset)) or not storing.isdisjoint(keys):
             self._use_each(keys, storing)  # some touches are recency only
             return
