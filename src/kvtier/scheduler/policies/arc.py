@@ -19,14 +19,13 @@ only -- it stays in T1. Keys that are not resident are ignored by ``touch``.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
+from kvtier.scheduler.policies.ghosts import GhostList
 from kvtier.scheduler.policies.recency import RecencyList
-from kvtier.scheduler.policies.segmented import SegmentedPolicy, pop_oldest
+from kvtier.scheduler.policies.segmented import SegmentedPolicy
 
 
 class ARCPolicy(SegmentedPolicy):
@@ -38,8 +37,8 @@ class ARCPolicy(SegmentedPolicy):
         self._t1: RecencyList[BlockHash] = RecencyList()
         self._t2: RecencyList[BlockHash] = RecencyList()
         super().__init__(capacity, (self._t1, self._t2))
-        self._b1: OrderedDict[BlockHash, None] = OrderedDict()
-        self._b2: OrderedDict[BlockHash, None] = OrderedDict()
+        self._b1 = GhostList()
+        self._b2 = GhostList()
         self.p = 0
 
     @property
@@ -58,15 +57,15 @@ class ARCPolicy(SegmentedPolicy):
         if key in self._b1 or key in self._b2:
             # A ghost that comes back has been used before: it goes straight to T2.
             self.p = self._adapted(self.p, key)
-            self._b1.pop(key, None)
-            self._b2.pop(key, None)
+            self._b1.discard(key)
+            self._b2.discard(key)
             self._t2.add(key)
         else:
             self._t1.add(key)
         self._trim_ghosts()
 
     def add_all(self, keys: Sequence[BlockHash]) -> None:
-        if not (self._b1.keys().isdisjoint(keys) and self._b2.keys().isdisjoint(keys)):
+        if not (self._b1.isdisjoint(keys) and self._b2.isdisjoint(keys)):
             for key in keys:
                 self.add(key)
         else:  # the common case: all new to T1, ghosts trimmed once
@@ -84,9 +83,10 @@ class ARCPolicy(SegmentedPolicy):
             self._t2.touch(key)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
-        if self._t2.holds_all(keys):  # the usual case: a touch only moves a T2 block
-            self._t2.touch_all(keys)
+        done = self._t2.touch_listed(keys)  # the usual case: all in T2, touched at once
+        if done == len(keys):
             return
+        keys = keys[done:]  # the first ones were touched as key by key would
         if not isinstance(storing, (set, frozenset)) or not storing.isdisjoint(keys):
             super().touch_all(keys, storing)
             return
@@ -103,7 +103,7 @@ class ARCPolicy(SegmentedPolicy):
     ) -> list[BlockHash] | None:
         p = self.p
         b1, b2 = self._b1, self._b2
-        if not (b1.keys().isdisjoint(incoming) and b2.keys().isdisjoint(incoming)):
+        if not (b1.isdisjoint(incoming) and b2.isdisjoint(incoming)):
             for new in incoming:  # only a returning ghost moves p (none: checked in C)
                 p = self._adapted(p, new)
         fast = self._coldest(n, p, is_held, protected)
@@ -145,27 +145,24 @@ class ARCPolicy(SegmentedPolicy):
         return from_t1 + from_t2
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        # Each victim leaves its list for that list's ghosts. The list of the first
-        # victim goes first: one C-level pass when all are from one list (the usual case).
-        lists = [(self._t1, self._b1), (self._t2, self._b2)]
-        if victims and victims[0] not in self._t1:
-            lists.reverse()
-        (first, first_ghosts), (second, second_ghosts) = lists
-        rest = first.remove_found(victims)
-        if rest:
-            second.remove_all(rest)
-            second_ghosts.update(zip(rest, repeat(None)))
-            left = set(rest)
-            victims = [key for key in victims if key not in left]
-        first_ghosts.update(zip(victims, repeat(None)))
+        # Each victim leaves its list for that list's ghosts: one C-level pass over
+        # each list that holds some (the victims are T1's, then T2's, when ``choose``
+        # picked them).
+        from_t2 = self._t1.remove_found(victims)
+        if from_t2:
+            self._t2.remove_all(from_t2)
+            self._b2.update(from_t2)
+            t2_keys = set(from_t2)
+            victims = [key for key in victims if key not in t2_keys]
+        self._b1.update(victims)
         self._trim_ghosts()
 
     def _trim_ghosts(self) -> None:
         c, b1, b2 = self.capacity, self._b1, self._b2
         t1 = len(self._t1)
-        pop_oldest(b1, min(len(b1), t1 + len(b1) - c))
+        b1.pop_oldest(min(len(b1), t1 + len(b1) - c))
         excess = t1 + len(self._t2) + len(b1) + len(b2) - 2 * c
         if excess > 0:  # from B2, then B1 once B2 is empty
             from_b2 = min(excess, len(b2))
-            pop_oldest(b2, from_b2)
-            pop_oldest(b1, excess - from_b2)
+            b2.pop_oldest(from_b2)
+            b1.pop_oldest(excess - from_b2)

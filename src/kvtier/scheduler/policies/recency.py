@@ -85,6 +85,16 @@ class RecencyList(Generic[K]):
         else:  # the usual case: one C-level pass
             deque(map(self._order.move_to_end, keys), maxlen=0)
 
+    def touch_listed(self, keys: Sequence[K]) -> int:
+        """``touch`` keys in turn while they are in the order (not parked), in one
+        C-level pass; return how many were touched (``len(keys)`` when all were)."""
+        rest = iter(keys)
+        try:
+            deque(map(self._order.move_to_end, rest), maxlen=0)
+        except KeyError:  # this key is parked or not in the list: not touched
+            return len(keys) - sum(1 for _ in rest) - 1
+        return len(keys)
+
     def move_all_to_end(self, keys: Sequence[K]) -> None:
         """Make each key the most recent, in order, adding those not in the list."""
         order, parked = self._order, self._parked

@@ -8,9 +8,7 @@ proportional to the blocks evicted.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
-from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -82,10 +80,3 @@ class SegmentedPolicy(EvictionPolicy):
             finally:
                 candidates.close()
         return None
-
-
-def pop_oldest(ghosts: OrderedDict[BlockHash, None], n: int) -> None:
-    """Drop the ``n`` oldest keys of a ghost list (none when ``n <= 0``), in one
-    C-level pass."""
-    if n > 0:
-        deque(map(ghosts.popitem, repeat(False, n)), maxlen=0)

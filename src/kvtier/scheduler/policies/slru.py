@@ -29,14 +29,13 @@ are never offered, as with every policy (``RecencyList`` parks them).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from itertools import repeat
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
+from kvtier.scheduler.policies.ghosts import GhostList
 from kvtier.scheduler.policies.recency import RecencyList
-from kvtier.scheduler.policies.segmented import SegmentedPolicy, pop_oldest
+from kvtier.scheduler.policies.segmented import SegmentedPolicy
 
 PROTECTED_SHARE = 0.9
 """Protected blocks at most, as a share of the tier (the rest is probation)."""
@@ -54,7 +53,7 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         self._probation: RecencyList[BlockHash] = RecencyList()
         self._protected: RecencyList[BlockHash] = RecencyList()
         super().__init__(capacity, (self._probation, self._protected))
-        self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
+        self._ghost = GhostList()
         self._protected_cap = max(1, int(capacity * PROTECTED_SHARE))
         self._ghost_cap = max(1, GHOST_FACTOR * capacity)
 
@@ -67,7 +66,7 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         self._enter(key)
 
     def add_all(self, keys: Sequence[BlockHash]) -> None:
-        if self._ghost.keys().isdisjoint(keys):  # the usual case: all new, to probation
+        if self._ghost.isdisjoint(keys):  # the usual case: all new, to probation
             self._probation.add_all(keys)
         else:
             for key in keys:
@@ -78,9 +77,10 @@ class SegmentedLRUPolicy(SegmentedPolicy):
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
         protected = self._protected
-        if protected.holds_all(keys):  # the usual case: a touch only moves a protected block
-            protected.touch_all(keys)
+        done = protected.touch_listed(keys)  # the usual case: all protected, touched at once
+        if done == len(keys):
             return
+        keys = keys[done:]  # the first ones were touched as key by key would
         if not isinstance(storing, (set, frozenset)) or not storing.isdisjoint(keys):
             self._use_each(keys, storing)  # some touches are recency only
             return
@@ -88,7 +88,7 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         # move past the cap demotes protected's coldest block to probation's hot end.
         unique = dict.fromkeys(keys)
         promoted = self._probation.members(unique)
-        n_demoted = min(len(promoted), len(protected) + len(promoted) - self._protected_cap)
+        n_demoted = len(protected) + len(promoted) - self._protected_cap  # protected <= cap
         demoted = protected.first_n(max(0, n_demoted))
         if len(demoted) < n_demoted or not unique.keys().isdisjoint(demoted):
             self._use_each(keys, storing)  # a block touched now would be demoted
@@ -113,13 +113,13 @@ class SegmentedLRUPolicy(SegmentedPolicy):
     def evict(self, victims: Sequence[BlockHash]) -> None:
         self.remove_all(victims)
         ghost = self._ghost
-        ghost.update(zip(victims, repeat(None)))  # a resident key is never a ghost
-        pop_oldest(ghost, len(ghost) - self._ghost_cap)
+        ghost.update(victims)  # a resident key is never a ghost
+        ghost.pop_oldest(len(ghost) - self._ghost_cap)
 
     def _enter(self, key: BlockHash) -> None:
         """``add``'s move: a returning ghost to protected, a new key to probation."""
         if key in self._ghost:
-            del self._ghost[key]
+            self._ghost.remove(key)
             self._protect(key)
         else:
             self._probation.add(key)

@@ -1,0 +1,84 @@
+"""``GhostList`` behaves as an ``OrderedDict`` of keys used as a FIFO (the model).
+
+A state machine adds, removes, discards and drops the oldest keys from both and
+compares the ghosts in order after every step; few keys, so a key returns and is
+evicted again while its dead entry is still queued, and the deque gets rebuilt.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies import ghosts
+from kvtier.scheduler.policies.ghosts import GhostList
+
+KEYS = st.sampled_from([BlockHash(bytes([i])) for i in range(6)])
+
+
+class GhostMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ghosts = GhostList()
+        self.model: OrderedDict[BlockHash, None] = OrderedDict()
+
+    @rule(keys=st.lists(KEYS, unique=True))
+    def update(self, keys: list[BlockHash]) -> None:
+        keys = [k for k in keys if k not in self.model]  # never a ghost twice
+        self.ghosts.update(iter(keys))
+        self.model.update(dict.fromkeys(keys))
+
+    @rule(key=KEYS)
+    def remove(self, key: BlockHash) -> None:
+        if key in self.model:
+            self.ghosts.remove(key)
+            del self.model[key]
+
+    @rule(key=KEYS)
+    def discard(self, key: BlockHash) -> None:
+        self.ghosts.discard(key)
+        self.model.pop(key, None)
+
+    @rule(data=st.data())
+    def pop_oldest(self, data: st.DataObject) -> None:
+        n = data.draw(st.integers(-1, len(self.model)))
+        self.ghosts.pop_oldest(n)
+        for _ in range(n):
+            self.model.popitem(last=False)
+
+    @invariant()
+    def same_ghosts_in_order(self) -> None:
+        assert list(self.ghosts) == list(self.model)
+        assert len(self.ghosts) == len(self.model)
+        for key in [BlockHash(bytes([i])) for i in range(6)]:
+            assert (key in self.ghosts) == (key in self.model)
+            assert self.ghosts.isdisjoint([key]) == (key not in self.model)
+
+    @invariant()
+    def dead_entries_are_counted_and_bounded(self) -> None:
+        dead = sum(self.ghosts._stale.values())
+        assert len(self.ghosts._fifo) == len(self.model) + dead
+        self.most = max(getattr(self, "most", 0), len(self.model))
+        assert dead <= self.most + ghosts.COMPACT_SLACK  # rebuilt past that
+
+
+class SmallSlackGhostMachine(GhostMachine):
+    """The same with a rebuild after two dead entries, so rebuilds happen often."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._slack = ghosts.COMPACT_SLACK
+        ghosts.COMPACT_SLACK = 2
+
+    def teardown(self) -> None:
+        ghosts.COMPACT_SLACK = self._slack
+
+
+TestGhostList = GhostMachine.TestCase
+TestGhostList.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestGhostListRebuilds = SmallSlackGhostMachine.TestCase
+TestGhostListRebuilds.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
