@@ -21,7 +21,7 @@ extra: O(capacity), at most once per window, so O(``WINDOW_DIV``) per looked-up 
 amortized). Tuned on the 13 workloads of
 ``benchmarks/policy_cells.py`` (``docs/simulate.md``).
 
-Cost: every request is served by three full-size shadows at lookup (30-45x LRU's
+Cost: every request is served by three full-size shadows at lookup (29-45x LRU's
 lookup per block; touch up to 2.2x, store with eviction up to 1.5x, ``docs/simulate.md``);
 sampling them for large tiers is not done yet: a sampled shadow cannot say which of
 the tier's blocks its policy holds, so the tier could not follow it in step.
