@@ -308,9 +308,10 @@ class LeaderModel(EvictionPolicy):
     The tier's blocks are in ``kept`` (the leading shadow holds them) or ``extra`` (it
     does not), each a recency list; victims come from extra, then kept, coldest first.
     A block the leader evicts moves from kept to extra's MRU end; one it stores moves
-    back. Every ``max(window, capacity)`` looked-up keys the scores are decayed and the
-    shadows' hits added; the first best score takes the lead when it exceeds the
-    leader's by the margin, and the tier's blocks are re-split in list order.
+    back. Every ``window`` looked-up keys, or every quarter of the capacity when that is
+    more, the scores are decayed and the shadows' hits added; the first best score takes
+    the lead when it exceeds the leader's by the margin, and the tier's blocks are
+    re-split in list order.
     """
 
     name = "leader"
@@ -322,7 +323,7 @@ class LeaderModel(EvictionPolicy):
         self.shadows = [_ShadowModel(cls(capacity)) for cls in (LRUModel, ARCModel, SLRUModel)]
         self.scores = [0.0, 0.0, 0.0]
         self.leader = start
-        self.window = max(window, capacity)
+        self.window = max(window, capacity // 4)
         self.left = self.window
         self.decay = decay
         self.margin = margin

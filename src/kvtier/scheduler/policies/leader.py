@@ -13,15 +13,18 @@ makes the tier hold what the best shadow of the moment holds::
                      └──► extra (the leader shadow evicted it)  evicted first, in the
                                                                 order the leader evicted
 
-It follows LRU first. After each window of ``max(WINDOW_MIN, capacity)`` looked-up
-keys every shadow's score is decayed by ``DECAY`` and its prefix hits are added; the
+It follows LRU first. After each window of ``max(WINDOW_MIN, capacity // WINDOW_DIV)``
+looked-up keys every shadow's score is decayed by ``DECAY`` and its prefix hits are added; the
 tier follows the shadow with the best score, switching only when it beats the current
 leader's by the share ``MARGIN`` (a switch re-sorts the tier's blocks into kept and
-extra: O(capacity), at most once per window). Tuned on the 13 workloads of
+extra: O(capacity), at most once per window, so O(``WINDOW_DIV``) per looked-up key
+amortized). Tuned on the 13 workloads of
 ``benchmarks/policy_cells.py`` (``docs/simulate.md``).
 
-Cost: every request is served by three full-size shadows at lookup (the other
-operations cost what LRU's do); sampling them for large tiers is not done yet.
+Cost: every request is served by three full-size shadows at lookup (29-45x LRU's
+lookup per block; touch up to 2.2x, store with eviction up to 1.5x, ``docs/simulate.md``);
+sampling them for large tiers is not done yet: a sampled shadow cannot say which of
+the tier's blocks its policy holds, so the tier could not follow it in step.
 
 The manager calls ``observe`` at lookup, before it touches or stores the
 request's blocks, so the leader has already evicted what the tier will: in step, the
@@ -56,7 +59,12 @@ START = 0
 """Index in ``CANDIDATES`` of the shadow the tier follows first."""
 
 WINDOW_MIN = 8192
-"""Looked-up keys between decisions at least (else the tier's capacity)."""
+"""Looked-up keys between decisions at least (else ``capacity // WINDOW_DIV``)."""
+
+WINDOW_DIV = 4
+"""Large tiers decide every quarter capacity's worth of looked-up keys, so a lead that
+shows late is followed sooner: windows of a whole capacity cost the synthetic trace
+0.06 points at 25 % and 0.11 at 50 % (``docs/simulate.md``)."""
 
 
 def _never_held(key: BlockHash) -> bool:
@@ -122,7 +130,7 @@ class LeaderPolicy(SegmentedPolicy):
         self._shadows = tuple(_Shadow(cls, capacity) for cls in CANDIDATES)
         self._scores = [0.0] * len(self._shadows)
         self._leader = START
-        self._window = max(WINDOW_MIN, capacity)
+        self._window = max(WINDOW_MIN, capacity // WINDOW_DIV)
         self._left = self._window
 
     @property
