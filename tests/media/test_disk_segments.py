@@ -356,3 +356,20 @@ def test_files_are_few(tmp_path: Path) -> None:
         s.write_blocks([key(i) for i in range(j, j + 20)], [payload(i) for i in range(20)])
     assert sorted(os.listdir(s.directory)) == [f"{SLOT}-0.seg", f"{SLOT}.idx", "lock"]
     s.close()
+
+
+def test_a_block_stored_twice_then_deleted_stays_deleted_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Found by the state machine: the second store of a key moved it to a new slot
+    but left the old slot's record, so after a delete the restart listed the key
+    again (with its first bytes). The old slot's record is now cleared."""
+    s = DiskStore.open(tmp_path, FP, 64 * SLOT)
+    s.write(key(1), payload(1))
+    s.write(key(1), payload(2))
+    assert slot_number(s, key(1)) == 1
+    s.delete(key(1))
+    s.close()
+    s = DiskStore.open(tmp_path, FP, 64 * SLOT)
+    assert s.recovered == () and key(1) not in s
+    s.close()

@@ -398,8 +398,9 @@ class DiskStore:
         finally:
             with self._mutex:
                 for k, slot in zip(keys, slots, strict=True):
-                    if done:
-                        self._table.commit(k, slot)
+                    if done:  # the slot it held before is free: its record goes
+                        if (old := self._table.commit(k, slot)) is not None:
+                            self._write_record(old, EMPTY_RECORD)
                         self._last_use[k] = now
                         self._stale_use.discard(k)
                     else:
