@@ -90,7 +90,7 @@ def test_blocks_stored_together_sit_together_and_load_with_one_read(
     assert store.write_blocks(keys, [payload(i) for i in range(8)]) == 8 * SLOT
     assert [slot_number(store, k) for k in keys] == list(range(8))
     assert store.runs(keys) == [list(range(8))]
-    assert store.runs(keys, max_bytes=3 * SLOT) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert store.runs(keys, max_bytes=3 * BLOCK) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     assert store.runs(keys[::-1]) == [[i] for i in range(8)]  # backwards: no run
     reads = count_reads(monkeypatch)
     outs = [aligned_empty(BLOCK) for _ in keys]

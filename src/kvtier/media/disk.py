@@ -64,8 +64,9 @@ from kvtier.media.disk_slots import SlotTable
 
 _log = logging.getLogger(__name__)
 MAX_RUN_BYTES = 4 << 20
-"""Most bytes ``runs`` puts in one group: big enough for the kernel's readahead to
-stream, small enough that a job of 16 blocks still spreads over the I/O threads."""
+"""Most payload bytes in one read or write of consecutive slots: a job of 16 blocks of
+256 KiB is one request the size of ``dd``'s largest reads here (4 MiB,
+``max_sectors_kb``); jobs of larger blocks still spread over the I/O threads."""
 _ZEROS = np.zeros(ALIGNMENT, np.uint8)
 
 
@@ -501,7 +502,8 @@ class DiskStore:
         """Positions in ``keys`` grouped for loading: blocks in consecutive slots together.
 
         A group is a stretch of ``keys`` whose slots follow each other in one segment
-        (one ``preadv`` then), cut at ``max_bytes``; unknown keys are a group each.
+        (one ``preadv`` then), cut at ``max_bytes`` of payload; unknown keys are a
+        group each.
         A snapshot: blocks moved meanwhile are still loaded correctly, only in more reads.
         """
         with self._mutex:
@@ -514,7 +516,7 @@ class DiskStore:
                 and slot is not None
                 and prev is not None
                 and self._follows(prev, slot)
-                and (len(groups[-1]) + 1) * slot.slot_bytes <= max_bytes
+                and (len(groups[-1]) + 1) * (slot.slot_bytes - HEADER_REGION) <= max_bytes
             ):
                 groups[-1].append(i)
             else:
