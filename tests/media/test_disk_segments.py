@@ -373,3 +373,33 @@ def test_a_block_stored_twice_then_deleted_stays_deleted_after_a_restart(
     s = DiskStore.open(tmp_path, FP, 64 * SLOT)
     assert s.recovered == () and key(1) not in s
     s.close()
+
+
+def test_a_full_cache_keeps_each_stretch_of_a_job_in_consecutive_slots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Exactly full (16 slots): job B evicts job A. Each store stretch (4 blocks here)
+    deletes the evicted blocks next to its own share, so it finds a run of 4 free
+    slots and B loads with 4 reads, not 16."""
+    import kvtier.worker.cpu_disk as cpu_disk_module
+
+    monkeypatch.setattr(cpu_disk_module, "MAX_RUN_BYTES", 4 * BLOCK)
+    s = DiskStore.open(tmp_path, FP, 16 * SLOT)
+    pages = torch.frombuffer(aligned_empty(16 * BLOCK), dtype=torch.uint8).view(16, BLOCK)
+    handlers = CpuDiskOffloadingHandlers(pages, s, io_threads=1)
+    ids = tuple(BlockId(i) for i in range(16))
+    a = tuple(BlockHash(key(i)) for i in range(16))
+    b = tuple(BlockHash(key(100 + i)) for i in range(16))
+    store = handlers.cpu_to_disk_handler
+    store.transfer_async(1, (CPULoadStoreSpec(ids), DiskLoadStoreSpec(ids, a)))
+    store.transfer_async(2, (CPULoadStoreSpec(ids), DiskLoadStoreSpec(ids, b, a)))
+    store.wait([1, 2])
+    assert all(r.success for r in store.get_finished())
+    assert s.runs([bytes(k) for k in b], max_bytes=4 * BLOCK) == [
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 10, 11],
+        [12, 13, 14, 15],
+    ]
+    handlers.shutdown()
+    s.close()

@@ -223,7 +223,8 @@ class DiskStore:
 
     def _recover(self) -> None:
         found: list[tuple[int, bytes, Slot]] = []
-        for size_class in scan(self.directory):
+        classes = scan(self.directory)
+        for size_class in classes:
             self._table.grow(size_class.slot_bytes, size_class.slots)
             for path in size_class.unreachable:
                 path.unlink(missing_ok=True)
@@ -244,16 +245,13 @@ class DiskStore:
         for _, _, slot in found:  # records of dropped or duplicate blocks
             if slot not in kept:
                 self._write_record(slot, EMPTY_RECORD)
-        for slot_bytes in {slot.slot_bytes for _, _, slot in found} | self._sizes():
-            self._shrink(slot_bytes)
+        for size_class in classes:
+            self._shrink(size_class.slot_bytes)
         self.recovered = tuple(
             StoredBlock(key, held.slot_bytes, use)
             for use, key, _ in order
             if (held := self._table.lookup(key)) is not None
         )
-
-    def _sizes(self) -> set[int]:
-        return {int(p.name.split(".")[0]) for p in self.directory.glob("*.idx")}
 
     def _shrink(self, slot_bytes: int) -> None:
         """Fit the slots of that size into the capacity: move blocks down, cut the files."""
@@ -280,7 +278,7 @@ class DiskStore:
                 os.truncate(path, keep)
             else:
                 path.unlink(missing_ok=True)
-        os.truncate(index_path(self.directory, slot_bytes), limit * RECORD_BYTES)
+        os.ftruncate(self._index_fd(slot_bytes), limit * RECORD_BYTES)
         self._table.shrink(slot_bytes, limit)
 
     # -- accounting ------------------------------------------------------------------

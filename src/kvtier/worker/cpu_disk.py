@@ -83,16 +83,22 @@ class CpuDiskHandler(PooledHandler):
             groups = [list(range(i, min(i + per, len(keys)))) for i in range(0, len(keys), per)]
         else:  # blocks in consecutive slots, each stretch one read
             groups = self._store.runs(keys)
-        n = len(groups)
-        # Task i deletes every n-th evicted key from i: its share of the room it needs.
+        # Each task deletes a contiguous share of the evicted keys, in proportion to its
+        # blocks: blocks the scheduler evicted together (stored together, so in
+        # consecutive slots) free a run for the task that writes next to them.
+        shares, done = [], 0
+        for group in groups:
+            end = round(len(evicted) * (group[-1] + 1) / len(keys)) if keys else len(evicted)
+            shares.append(evicted[done:end])
+            done = end
         return [
             (
                 _label([keys[i] for i in group]),
                 functools.partial(
-                    self._blocks, [keys[i] for i in group], [rows[i] for i in group], evicted[t::n]
+                    self._blocks, [keys[i] for i in group], [rows[i] for i in group], share
                 ),
             )
-            for t, group in enumerate(groups)
+            for group, share in zip(groups, shares, strict=True)
         ]
 
     def _blocks(self, keys: list[bytes], rows: list[int], evicted: list[bytes]) -> int:
