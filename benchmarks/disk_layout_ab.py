@@ -13,7 +13,11 @@ disk rows to ``dd``'s, and how much of that is the coalescing? Both sides are th
   write each job's stretch with one ``pwritev``, loads read each run of consecutive
   slots with one ``preadv``);
 * ``per-block``: the same store driven one block per call (``write`` / ``read_into``
-  on a thread pool), the I/O pattern of the file-per-block layout this replaced.
+  on a thread pool), the I/O pattern of the file-per-block layout this replaced;
+* ``raw`` (loads only): the same number of payload bytes read from the ``runs``
+  side's segment file straight into the same pages, 4 MiB per ``preadv``, on a pool
+  of the same size, with no store, no header and no checksum: the floor for reading
+  those bytes into that destination from Python.
 
 Stores run as a full cache's: each pass stores fresh keys, evicting the previous
 pass's. ``dd`` is run as ``kvtier bench disk`` runs it. Rows: store direct, load direct,
@@ -22,13 +26,16 @@ each pass with ``kvtier.bench.disk.evict_own_files``, nothing else is touched). 
 alternate runs, per-block, dd; medians over ``--repeats`` after one warm-up. For loads
 it also records, from the block device's ``stat``, the mean size of the read requests
 the device completed during each side's passes (another process's reads on the same
-device would count too): the kernel's view of how sequential the reads were.
+device would count too): the kernel's view of how sequential the reads were; and
+for every side the CPU seconds per GB the pass cost (this process's, or ``dd``'s),
+which a loaded machine's scheduling noise does not change the way it changes time.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -105,6 +112,19 @@ class Side:
         with ThreadPoolExecutor(self.threads) as pool:
             list(pool.map(one, range(self.count)))
 
+    def raw(self) -> None:
+        """Payload bytes of the segment file straight into the pages (the floor)."""
+        (segment,) = self.store.directory.glob("*.seg")
+        dest = self.pages.reshape(-1)
+        chunk = 4 << 20
+        fd = os.open(segment, os.O_RDONLY)
+        try:
+            with ThreadPoolExecutor(self.threads) as pool:
+                offsets = range(0, dest.nbytes, chunk)
+                list(pool.map(lambda o: os.preadv(fd, [dest[o : o + chunk]], o), offsets))
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         self.handlers.shutdown()
         self.store.close()
@@ -120,28 +140,41 @@ def device_reads(path: Path) -> tuple[int, int]:
     return int(fields[0]), int(fields[2])
 
 
+def cpu_seconds() -> float:
+    """CPU seconds this process and its waited-for children have used."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def medians(
     runs: dict[str, tuple[Callable[[], object], Callable[[], object]]],
     repeats: int,
     where: Path,
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Median seconds of each ``(setup, run)``, round robin, after one warm-up round,
-    and the mean KiB per read request the device completed during each side's runs."""
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Median seconds of each ``(setup, run)``, round robin, after one warm-up round;
+    the mean KiB per read request the device completed during each side's runs; and
+    the median CPU seconds of each side's runs."""
     times: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     reads = dict.fromkeys(runs, (0, 0))
     for i in range(repeats + 1):
         for name, (setup, run) in runs.items():
             setup()
             before = device_reads(where)
-            t0 = time.perf_counter()
+            c0, t0 = cpu_seconds(), time.perf_counter()
             run()
             if i:
                 times[name].append(time.perf_counter() - t0)
+                cpu[name].append(cpu_seconds() - c0)
                 after = device_reads(where)
                 r, sec = reads[name]
                 reads[name] = (r + after[0] - before[0], sec + after[1] - before[1])
     kib = {n: round(sec * 512 / 1024 / r, 1) if r else 0.0 for n, (r, sec) in reads.items()}
-    return {name: statistics.median(t) for name, t in times.items()}, kib
+    seconds = {name: statistics.median(t) for name, t in times.items()}
+    return seconds, kib, {name: statistics.median(c) for name, c in cpu.items()}
 
 
 def _dd(args: list[str]) -> None:
@@ -182,7 +215,7 @@ def one_mode(
     )
     rows = []
     if direct:  # store direct; the last timed pass leaves what the loads read
-        t, _ = medians(
+        t, _, cpu = medians(
             {
                 "runs": (runs.fresh_keys, lambda: runs.by_jobs(True, job_blocks)),
                 "per-block": (single.fresh_keys, lambda: single.per_block(True)),
@@ -194,7 +227,7 @@ def one_mode(
             repeats,
             root,
         )
-        rows.append(_row("store", "direct", block, count, t, {}, "oflag=direct"))
+        rows.append(_row("store", "direct", block, count, t, {}, cpu, "oflag=direct"))
     else:
         for side in (runs, single):
             side.fresh_keys()
@@ -202,10 +235,11 @@ def one_mode(
         _dd(dd_w)
     cold: Callable[[], object] = (lambda: None) if direct else (lambda: evict_own_files(root))
     dd_r = [f"if={ddfile}", "of=/dev/null", f"bs={block}", *(["iflag=direct"] * direct)]
-    t, kib = medians(
+    t, kib, cpu = medians(
         {
             "runs": (cold, lambda: runs.by_jobs(False, job_blocks)),
             "per-block": (cold, lambda: single.per_block(False)),
+            "raw": (cold, runs.raw),
             "dd": (cold, lambda: _dd(dd_r)),
         },
         repeats,
@@ -213,7 +247,7 @@ def one_mode(
     )
     mode = "direct" if direct else "buffered"
     flags = "iflag=direct" if direct else "(none)"
-    rows.append(_row("load", mode, block, count, t, kib, flags))
+    rows.append(_row("load", mode, block, count, t, kib, cpu, flags))
     runs.close()
     single.close()
     shutil.rmtree(sub)
@@ -222,7 +256,14 @@ def one_mode(
 
 
 def _row(
-    op: str, mode: str, block: int, count: int, t: dict[str, float], kib: dict, flags: str
+    op: str,
+    mode: str,
+    block: int,
+    count: int,
+    t: dict[str, float],
+    kib: dict,
+    cpu: dict[str, float],
+    flags: str,
 ) -> dict:
     gbps = {name: block * count / s / 1e9 for name, s in t.items()}
     return {
@@ -233,6 +274,7 @@ def _row(
         "gbps": {name: round(v, 3) for name, v in gbps.items()},
         "ratio_to_dd": {name: round(v / gbps["dd"], 3) for name, v in gbps.items()},
         "kib_per_device_read": kib,
+        "cpu_s_per_gb": {name: round(c / (block * count / 1e9), 3) for name, c in cpu.items()},
         "dd_flags": flags,
     }
 
@@ -260,9 +302,10 @@ def main() -> None:
     for r in rows:
         ratios = "  ".join(f"{k} {v:.2f}" for k, v in r["ratio_to_dd"].items() if k != "dd")
         sizes = "  ".join(f"{k} {v}" for k, v in r["kib_per_device_read"].items())
+        cpu = "  ".join(f"{k} {v:.2f}" for k, v in r["cpu_s_per_gb"].items())
         print(
             f"{r['op']:5} {r['mode']:9} {r['block_bytes'] // 1024:>5}Ki "
-            f"dd {r['gbps']['dd']:.3f} GB/s; ratios to dd: {ratios}"
+            f"dd {r['gbps']['dd']:.3f} GB/s; ratios to dd: {ratios}; CPU s/GB: {cpu}"
             + (f"; KiB per device read: {sizes}" if sizes else "")
         )
     config = {
