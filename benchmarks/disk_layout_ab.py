@@ -14,7 +14,7 @@ disk rows to ``dd``'s, and how much of that is the coalescing? Both sides are th
   slots with one ``preadv``);
 * ``per-block``: the same store driven one block per call (``write`` / ``read_into``
   on a thread pool), the I/O pattern of the file-per-block layout this replaced;
-* ``raw`` (loads only): the same number of payload bytes read from the ``runs``
+* ``raw`` (cold buffered loads only): the same number of payload bytes read from the ``runs``
   side's segment file straight into the same pages, 4 MiB per ``preadv``, on a pool
   of the same size, with no store, no header and no checksum: the floor for reading
   those bytes into that destination from Python.
@@ -239,8 +239,8 @@ def one_mode(
         {
             "runs": (cold, lambda: runs.by_jobs(False, job_blocks)),
             "per-block": (cold, lambda: single.per_block(False)),
-            "raw": (cold, runs.raw),
             "dd": (cold, lambda: _dd(dd_r)),
+            **({} if direct else {"raw": (cold, runs.raw)}),
         },
         repeats,
         root,
