@@ -182,23 +182,12 @@ def test_corrupt_disk_blocks_are_recomputed_and_counted(
     docs_workload(first, 16)
     first.run()
     first.shutdown()
-    from kvtier.media.disk_layout import (
-        HEADER_REGION,
-        LAYOUT,
-        Slot,
-        scan,
-        segment_path,
-        slot_offset,
-    )
+    from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, listed_blocks
 
     slots = [
-        (
-            segment_path(fp_dir, c.slot_bytes, slot_offset(Slot(c.slot_bytes, g))[0]),
-            slot_offset(Slot(c.slot_bytes, g))[1],
-        )
+        (b.segment, b.offset)
         for fp_dir in (tmp_path / "disk" / LAYOUT).iterdir()
-        for c in scan(fp_dir)
-        for g in c.records
+        for b in listed_blocks(fp_dir)
     ]
     assert slots
     for path, offset in slots:  # a payload byte of every block's slot

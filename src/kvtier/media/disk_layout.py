@@ -187,16 +187,36 @@ def scan(directory: Path) -> list[SizeClass]:
     return found
 
 
-def find_block(directory: Path, key: bytes) -> tuple[Path, int] | None:
-    """``(segment file, offset of its slot)`` of block ``key`` per the index, or ``None``.
+@dataclass(frozen=True, slots=True)
+class ListedBlock:
+    """A block an index record names: its key, last use, and where its slot is."""
 
-    For tools and tests that look at a closed store's files (the newest record wins,
-    as at open); an open store answers ``DiskStore.locate``.
+    key: bytes
+    last_use_ns: int
+    segment: Path
+    offset: int
+    slot_bytes: int
+
+
+def listed_blocks(directory: Path) -> list[ListedBlock]:
+    """Every block the index files of a fingerprint directory name, in slot order.
+
+    For tools and tests that look at a closed store's files (a key may be named twice
+    after a crash; the store keeps the newer); an open store answers ``DiskStore.locate``.
     """
-    best: tuple[int, Path, int] | None = None
+    out = []
     for size_class in scan(directory):
-        for g, (k, last_use) in size_class.records.items():
-            if k == key and (best is None or last_use >= best[0]):
-                seg, offset = slot_offset(Slot(size_class.slot_bytes, g))
-                best = (last_use, segment_path(directory, size_class.slot_bytes, seg), offset)
-    return None if best is None else best[1:]
+        for g, (key, last_use) in sorted(size_class.records.items()):
+            seg, offset = slot_offset(Slot(size_class.slot_bytes, g))
+            path = segment_path(directory, size_class.slot_bytes, seg)
+            out.append(ListedBlock(key, last_use, path, offset, size_class.slot_bytes))
+    return out
+
+
+def find_block(directory: Path, key: bytes) -> tuple[Path, int] | None:
+    """``(segment file, offset of its slot)`` of block ``key`` per the index, or ``None``."""
+    named = [b for b in listed_blocks(directory) if b.key == key]
+    if not named:
+        return None
+    newest = max(named, key=lambda b: b.last_use_ns)
+    return newest.segment, newest.offset

@@ -20,14 +20,7 @@ from pathlib import Path
 
 from kvtier.errors import IntegrityError
 from kvtier.media.block_format import decode_header, verify
-from kvtier.media.disk_layout import (
-    HEADER_REGION,
-    LAYOUT,
-    Slot,
-    scan,
-    segment_path,
-    slot_offset,
-)
+from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, listed_blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +95,11 @@ class DiskArea:
 
     def blocks(self, name: str) -> list[BlockSlot]:
         """The blocks of one engine's disk tier, as its index lists them, in slot order."""
-        out = []
-        for fp_dir in sorted(self.engine_dir(name).glob(f"{LAYOUT}/*")):
-            for size_class in scan(fp_dir):
-                for g, (key, _) in sorted(size_class.records.items()):
-                    seg, offset = slot_offset(Slot(size_class.slot_bytes, g))
-                    path = segment_path(fp_dir, size_class.slot_bytes, seg)
-                    out.append(BlockSlot(path, offset, size_class.slot_bytes, key))
-        return out
+        return [
+            BlockSlot(b.segment, b.offset, b.slot_bytes, b.key)
+            for fp_dir in sorted(self.engine_dir(name).glob(f"{LAYOUT}/*"))
+            for b in listed_blocks(fp_dir)
+        ]
 
     def damage(self, name: str, how: str, rng: random.Random) -> Path | None:
         """Flip a bit of, tear, or wipe the header of one random block's slot.
