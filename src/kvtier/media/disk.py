@@ -34,7 +34,6 @@ from kvtier.errors import ConfigError, IntegrityError, TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike, Corruption
 from kvtier.media.direct_io import (
-    ALIGNMENT,
     O_DIRECT,
     aligned_empty,
     is_aligned,
@@ -67,7 +66,6 @@ MAX_RUN_BYTES = 4 << 20
 """Most payload bytes in one read or write of consecutive slots: a job of 16 blocks of
 256 KiB is one request the size of ``dd``'s largest reads here (4 MiB,
 ``max_sectors_kb``); jobs of larger blocks still spread over the I/O threads."""
-_ZEROS = np.zeros(ALIGNMENT, np.uint8)
 
 
 def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
@@ -381,8 +379,7 @@ class DiskStore:
                 direct = self.direct_io and all(is_aligned(datas[i]) for i in run)
                 buffers: list[np.ndarray] = []
                 for i in run:
-                    pad = slot_bytes - HEADER_REGION - datas[i].nbytes
-                    buffers += [regions[i], datas[i], _ZEROS[:pad]]
+                    buffers += [regions[i], datas[i]]
                 fd = self._fd(slots[run[0]], direct)
                 pwrite_all(fd, buffers, slot_offset(slots[run[0]])[1])
                 if self.fsync:
@@ -455,7 +452,6 @@ class DiskStore:
             else:
                 todo.append(i)
         regions = self._regions(len(keys))
-        tail = self._tail()
         loaded: list[int] = []
         for run in self._runs([slots[i] for i in todo]):
             idx = [todo[r] for r in run]
@@ -465,8 +461,7 @@ class DiskStore:
             direct = self.direct_io and all(is_aligned(dests[i]) for i in idx)
             buffers: list[np.ndarray] = []
             for i in idx:
-                pad = slot_bytes - HEADER_REGION - dests[i].nbytes
-                buffers += [regions[i], dests[i], tail[:pad]]
+                buffers += [regions[i], dests[i]]
             try:
                 got = pread_all(self._fd(first, direct), buffers, slot_offset(first)[1])
             except OSError as e:
@@ -654,12 +649,6 @@ class DiskStore:
             regions = aligned_empty(max(n, 16) * HEADER_REGION).reshape(-1, HEADER_REGION)
             self._local.regions = regions
         return regions
-
-    def _tail(self) -> np.ndarray:
-        tail = getattr(self._local, "tail", None)
-        if tail is None:
-            tail = self._local.tail = aligned_empty(ALIGNMENT)
-        return tail
 
     def _failed(
         self, key: bytes, slot: Slot, dest: np.ndarray, error: IntegrityError

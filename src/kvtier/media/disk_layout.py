@@ -11,12 +11,13 @@ Runs on the worker side, when a ``DiskStore`` opens (the scan) and in its I/O th
           <slot bytes>-<n>.seg            segment n: slots n*S .. n*S+S-1 (S per size)
 
 A *slot* holds one block: ``HEADER_REGION`` bytes (the ``block_format`` header, zero
-padded to 4 KiB) then the payload, padded to a multiple of 4 KiB, so that every slot
-starts aligned for ``O_DIRECT`` and consecutive slots are one contiguous byte range::
+padded to 4 KiB) then the payload; consecutive slots are one contiguous byte range, and
+with payloads a multiple of 4 KiB (every page ``O_DIRECT`` can move) every slot and
+payload starts aligned::
 
-    segment file   | slot 0               | slot 1               | ...
-                   | header | payload |pad| header | payload |pad|
-    offset         0        4096            slot_bytes
+    segment file   | slot 0           | slot 1           | ...
+                   | header | payload | header | payload |
+    offset         0        4096      slot_bytes
 
 Slot ``g`` of a size lives in segment ``g // S`` at byte ``(g % S) * slot_bytes``, with
 ``S = slots_per_segment(slot_bytes)``. Record ``g`` of the index says which key slot
@@ -75,8 +76,13 @@ class Slot:
 
 
 def block_file_size(payload_bytes: int) -> int:
-    """Bytes on disk of one block whose payload is ``payload_bytes`` (its slot)."""
-    return HEADER_REGION + -(-payload_bytes // ALIGNMENT) * ALIGNMENT
+    """Bytes on disk of one block whose payload is ``payload_bytes`` (its slot).
+
+    Not rounded up: a payload that is not a multiple of 4 KiB cannot use ``O_DIRECT``
+    anyway, and padding it would cost small pages capacity (a 2 KiB page would take
+    8 KiB instead of 6).
+    """
+    return HEADER_REGION + payload_bytes
 
 
 def slots_per_segment(slot_bytes: int) -> int:
