@@ -51,11 +51,11 @@ def test_evicts_only_files_under_its_root(tmp_path: Path) -> None:
     assert [resident_pages(f) for f in files] == [0, 0, 64]
 
 
-def test_store_passes_evict_the_last_pass_through_the_job_and_reuse_its_files(
+def test_store_passes_evict_the_last_pass_through_the_job_and_reuse_its_slots(
     tmp_path: Path,
 ) -> None:
     """The benchmark's stores run as a full cache's do: each block of a pass evicts one
-    of the previous pass, named in the store job, and takes over its file."""
+    of the previous pass, named in the store job, and takes over its slot."""
     count, block = 6, 16384
     store = DiskStore.open(tmp_path, b"\x01" * 8, count * block_file_size(block))
     pages = torch.frombuffer(aligned_empty(count * block), dtype=torch.uint8).view(count, block)
@@ -64,9 +64,12 @@ def test_store_passes_evict_the_last_pass_through_the_job_and_reuse_its_files(
     first = [BlockHash(f"a{i}".encode()) for i in range(count)]
     second = [BlockHash(f"b{i}".encode()) for i in range(count)]
     stores.run(first, store=True)
-    inodes = {p.stat().st_ino for p in tmp_path.rglob("*.kvb")}
+    segments = {(p, p.stat().st_ino, p.stat().st_size) for p in tmp_path.rglob("*.seg")}
+    slots = {store.locate(bytes(k)) for k in first}
     stores.run(second, store=True, evicted=first)  # the cache is full: it must evict
     assert sorted(store.keys()) == sorted(second)
-    assert {p.stat().st_ino for p in tmp_path.rglob("*.kvb")} == inodes
+    assert {store.locate(bytes(k)) for k in second} == slots
+    assert {(p, p.stat().st_ino, p.stat().st_size) for p in tmp_path.rglob("*.seg")} == segments
+    assert len(segments) == 1
     handlers.shutdown()
     store.close()

@@ -20,6 +20,7 @@ from kvtier.connector.worker_half import ConnectorWorker
 from kvtier.engine import LLM
 from kvtier.engine.offload_connector import OffloadingConnector
 from kvtier.errors import ConfigError
+from kvtier.media.disk_layout import LAYOUT, listed_blocks
 from tests.byte_oracle import install_recorder
 
 from .workload import GPU_BLOCKS, PAGE, chats
@@ -180,12 +181,14 @@ def test_corrupt_disk_blocks_are_recomputed(
     )
     outs, failed = [], 0
     for i, p in enumerate(chats()):
-        if i % 3 == 2:  # flip a payload byte of every block file (4 KiB header)
-            for f in tmp_path.rglob("*"):
-                if f.is_file() and f.stat().st_size > 4096:
-                    data = bytearray(f.read_bytes())
-                    data[5000] ^= 0xFF
-                    f.write_bytes(bytes(data))
+        if i % 3 == 2:  # flip a payload byte of every block's slot (4 KiB header)
+            for fp_dir in (tmp_path / LAYOUT).iterdir():
+                for block in listed_blocks(fp_dir):
+                    with open(block.segment, "r+b") as f:
+                        f.seek(block.offset + 5000)
+                        byte = f.read(1)[0]
+                        f.seek(block.offset + 5000)
+                        f.write(bytes([byte ^ 0xFF]))
         outs += llm.generate([p], max_new_tokens=4)
         assert llm.last_stats is not None
         failed += llm.last_stats.offload.failed_loads

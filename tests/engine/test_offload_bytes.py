@@ -17,6 +17,7 @@ import torch
 from kvtier.blocks import Medium
 from kvtier.connector.worker_half import ConnectorWorker
 from kvtier.engine import LLM
+from kvtier.media.disk_layout import LAYOUT, listed_blocks
 from tests.byte_oracle import ByteRecorder, install_recorder
 
 from .workload import GPU_BLOCKS, PAGE, chats
@@ -68,13 +69,15 @@ def disk_llm(model: Any, path: Path) -> LLM:
 
 
 def flip_payload_bytes(path: Path) -> int:
-    """Flip one payload byte of every block file (past the 4 KiB header)."""
+    """Flip one payload byte of every block the disk's index lists (past the 4 KiB header)."""
     flipped = 0
-    for f in sorted(path.rglob("*")):
-        if f.is_file() and f.stat().st_size > 4096:
-            data = bytearray(f.read_bytes())
-            data[5000] ^= 0xFF
-            f.write_bytes(bytes(data))
+    for fp_dir in sorted((path / LAYOUT).iterdir()):
+        for block in listed_blocks(fp_dir):
+            with open(block.segment, "r+b") as f:
+                f.seek(block.offset + 5000)
+                byte = f.read(1)[0]
+                f.seek(block.offset + 5000)
+                f.write(bytes([byte ^ 0xFF]))
             flipped += 1
     return flipped
 
@@ -112,10 +115,10 @@ def test_flipped_disk_bytes_fail_verification_and_are_recomputed(
     outs, totals = serve(llm, chats(), corrupt)
     llm.close()
     assert_clean(recorder, totals.loaded)  # first: the oracle that does not trust the CRC
-    # Every third turn flips a byte of every block file. Loads of flipped blocks fail
+    # Every third turn flips a byte of every block on disk. Loads of flipped blocks fail
     # verification and are recomputed (and stored again); the recorder checked that
     # the 10 blocks that did load are the bytes stored.
-    assert len(flipped) == 4 and min(flipped) > 0  # (how many files: thread timing)
+    assert len(flipped) == 4 and min(flipped) > 0  # (how many blocks: thread timing)
     assert totals == Totals(
         cpu_hits=0, disk_hits=10, loaded=10, stored=126, failed_loads=41, failed_stores=0
     )

@@ -123,13 +123,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             },
         )
         # Tamper with A's third block on disk (its only rank's shard).
-        from kvtier.media.disk_layout import LAYOUT, block_path
+        from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, find_block
 
         (fp_dir,) = list((disk / LAYOUT).iterdir())
-        victim = block_path(fp_dir, a_block_keys(3)[2])
-        data = bytearray(victim.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        victim.write_bytes(bytes(data))
+        where = find_block(fp_dir, a_block_keys(3)[2])
+        assert where is not None
+        with open(where[0], "r+b") as f:  # a payload byte of its slot
+            f.seek(where[1] + HEADER_REGION + 100)
+            byte = f.read(1)[0]
+            f.seek(where[1] + HEADER_REGION + 100)
+            f.write(bytes([byte ^ 0xFF]))
         out["disk"] = run_engine(
             tmp,
             "disk",

@@ -170,7 +170,7 @@ def test_disk_tier_promotes_before_vllm_hears_a_hit(harness_factory: Any, tmp_pa
 def test_corrupt_disk_blocks_are_recomputed_and_counted(
     harness_factory: Any, tmp_path: Path
 ) -> None:
-    """A second engine over a disk tier whose every block file was tampered with: each
+    """A second engine over a disk tier whose every block was tampered with: each
     promotion fails its checksum, vLLM recomputes (right bytes), and the failures reach
     vLLM's metrics as ``corrupt``."""
     extra = {
@@ -182,18 +182,20 @@ def test_corrupt_disk_blocks_are_recomputed_and_counted(
     docs_workload(first, 16)
     first.run()
     first.shutdown()
-    from kvtier.media.disk_layout import LAYOUT
+    from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, listed_blocks
 
-    files = [
-        f
-        for f in (tmp_path / "disk" / LAYOUT).rglob("*")
-        if f.is_file() and f.stat().st_size > 16384
+    slots = [
+        (b.segment, b.offset)
+        for fp_dir in (tmp_path / "disk" / LAYOUT).iterdir()
+        for b in listed_blocks(fp_dir)
     ]
-    assert files
-    for f in files:
-        raw = bytearray(f.read_bytes())
-        raw[len(raw) // 2] ^= 0xFF
-        f.write_bytes(bytes(raw))
+    assert slots
+    for path, offset in slots:  # a payload byte of every block's slot
+        with open(path, "r+b") as f:
+            f.seek(offset + HEADER_REGION + 100)
+            byte = f.read(1)[0]
+            f.seek(offset + HEADER_REGION + 100)
+            f.write(bytes([byte ^ 0xFF]))
     h = harness_factory(extra, num_gpu_blocks=24)
     docs_workload(h, 16)
     h.run()

@@ -200,13 +200,16 @@ def test_blocks_come_back_from_kvtiers_disk_and_redis_tiers(
         first.shutdown()
 
     # A new engine over the same directory, one block tampered on disk.
-    from kvtier.media.disk_layout import LAYOUT, block_path
+    from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, find_block
 
     (fp_dir,) = list((tmp_path / "disk" / LAYOUT).iterdir())
-    victim = block_path(fp_dir, bytes(keys[3]))
-    raw = bytearray(victim.read_bytes())
-    raw[len(raw) // 2] ^= 0xFF
-    victim.write_bytes(bytes(raw))
+    where = find_block(fp_dir, bytes(keys[3]))
+    assert where is not None
+    with open(where[0], "r+b") as f:  # a payload byte of its slot
+        f.seek(where[1] + HEADER_REGION + 100)
+        byte = f.read(1)[0]
+        f.seek(where[1] + HEADER_REGION + 100)
+        f.write(bytes([byte ^ 0xFF]))
     second = Engine(model_dir, [disk], f"kvtier-tiering-b-{pid}")
     try:
         results, data = load(second, keys, "reader")

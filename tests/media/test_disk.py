@@ -1,4 +1,6 @@
-"""DiskStore: round trips on both I/O paths, persistence, corruption, crashes, capacity."""
+"""DiskStore: round trips on both I/O paths, persistence, corruption, crashes, capacity.
+
+The segment layout itself (slots, runs, the index) is tested in ``test_disk_segments``."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from kvtier.errors import ConfigError, IntegrityError, TransferError
 from kvtier.media import block_format, direct_io
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
-from kvtier.media.disk_layout import HEADER_REGION, block_file_size, block_path
+from kvtier.media.disk_layout import HEADER_REGION, block_file_size
 
 from .test_block_format import version_1_header
 
@@ -72,12 +74,15 @@ def test_round_trip(store: DiskStore, direct: bool) -> None:
     assert len(store) == 4 and store.used_bytes == 3 * block_file_size(BLOCK) + 4096 + 1000
 
 
-def test_files_are_private_and_sharded(store: DiskStore) -> None:
+def test_files_are_private(store: DiskStore) -> None:
     store.write(key(7), payload(7))
-    path = block_path(store.directory, key(7))
-    assert path.parent.name == key(7).hex()[:2]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    for d in (path.parent, store.directory, store.directory.parent):
+    where = store.locate(key(7))
+    assert where is not None
+    path = where[0]
+    assert path.parent == store.directory
+    for f in store.directory.iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    for d in (store.directory, store.directory.parent):
         assert stat.S_IMODE(d.stat().st_mode) == 0o700
 
 
@@ -136,17 +141,13 @@ def test_persists_across_processes(tmp_path: Path) -> None:
 
 
 def test_sigkill_during_writes_leaves_nothing_corrupt(tmp_path: Path) -> None:
-    child = _child(tmp_path, 100_000)
+    child = _child(tmp_path, 3000, announce=20)
     assert child.stdout is not None
-    assert child.stdout.readline().strip() == "writing"
-    for _ in range(2000):  # let some writes land, then kill mid-stream
-        if len(list(tmp_path.rglob("*.kvb"))) >= 20:
-            break
+    assert child.stdout.readline().strip() == "writing"  # 20 writes landed: kill mid-stream
     child.send_signal(signal.SIGKILL)
     child.communicate(timeout=60)
     s = DiskStore.open(tmp_path, FP, 1 << 30)
-    assert not list(tmp_path.rglob("*.tmp")), "open removes interrupted writes"
-    assert s.recovered
+    assert len(s.recovered) >= 20
     by_key = {key(i): i for i in range(20_000)}
     for block in s.recovered:
         out = aligned_empty(BLOCK)
@@ -163,7 +164,7 @@ def test_sigkill_during_writes_leaves_nothing_corrupt(tmp_path: Path) -> None:
 def test_sigkill_while_overwriting_evicted_files_leaves_nothing_corrupt(
     tmp_path: Path, delay: float
 ) -> None:
-    """A writer that keeps 8 blocks, each write reusing the file of the block 8 back,
+    """A writer that keeps 8 blocks, each write reusing the slot of the block 8 back,
     killed mid-stream: what the next process lists loads exactly or is a miss."""
     child = _child(tmp_path, 60_000, keep=8, announce=50)
     assert child.stdout is not None
@@ -172,8 +173,7 @@ def test_sigkill_while_overwriting_evicted_files_leaves_nothing_corrupt(
     child.send_signal(signal.SIGKILL)
     child.communicate(timeout=60)
     s = DiskStore.open(tmp_path, FP, 1 << 30)
-    assert not list(tmp_path.rglob("*.tmp")), "open removes interrupted overwrites"
-    assert 1 <= len(s.recovered) <= 9  # 8 kept, one more between rename and eviction
+    assert 1 <= len(s.recovered) <= 9  # 8 kept, one more between its record and eviction
     by_key = {key(i): i for i in range(60_000)}
     for block in s.recovered:
         out = aligned_empty(BLOCK)
@@ -186,12 +186,11 @@ def test_sigkill_while_overwriting_evicted_files_leaves_nothing_corrupt(
     s.close()
 
 
-def test_a_write_reuses_the_file_of_a_block_it_evicts(store: DiskStore) -> None:
+def test_a_write_reuses_the_slot_of_a_block_it_evicts(store: DiskStore) -> None:
     store.write(key(1), payload(1))
-    inode = block_path(store.directory, key(1)).stat().st_ino
+    where = store.locate(key(1))
     assert store.write(key(2), payload(2), evict=[key(1)]) == block_file_size(BLOCK)
-    assert not block_path(store.directory, key(1)).exists()
-    assert block_path(store.directory, key(2)).stat().st_ino == inode  # the same file
+    assert store.locate(key(2)) == where  # the same slot
     assert key(1) not in store and store.used_bytes == block_file_size(BLOCK)
     out = aligned_empty(BLOCK)
     store.read_into(key(2), out)
@@ -200,23 +199,25 @@ def test_a_write_reuses_the_file_of_a_block_it_evicts(store: DiskStore) -> None:
         store.read_into(key(1), out)
 
 
-def test_an_evicted_block_of_another_size_is_deleted_not_reused(store: DiskStore) -> None:
+def test_an_evicted_block_of_another_size_frees_its_own_size(store: DiskStore) -> None:
     store.write(key(1), payload(1, 2 * BLOCK))
     store.write(key(3), payload(3))
-    store.write(key(2), payload(2), evict=[key(1), key(3)])  # key 3's file fits
+    where = store.locate(key(3))
+    store.write(key(2), payload(2), evict=[key(1), key(3)])  # key 3's slot fits
     assert sorted(store.keys()) == [key(2)]
     assert store.used_bytes == block_file_size(BLOCK)
-    assert [p.name for p in store.directory.rglob("*.kvb")] == [f"{key(2).hex()}.kvb"]
+    assert store.locate(key(2)) == where
     out = aligned_empty(BLOCK)
     store.read_into(key(2), out)
     assert np.array_equal(out, payload(2))
 
 
-def test_a_failed_overwrite_of_an_evicted_file_leaves_neither_block(
-    store: DiskStore, monkeypatch: pytest.MonkeyPatch
+def test_a_failed_overwrite_of_an_evicted_slot_leaves_neither_block(
+    tmp_path: Path, store: DiskStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Half the new bytes land in the victim's file, then EIO: the victim is gone
-    (evicted), the new block is not stored, no file is left, the bytes are released."""
+    """Half the new bytes land in the victim's slot, then EIO: the victim is gone
+    (evicted), the new block is not stored, the bytes are released, and a restart
+    lists neither."""
     store.write(key(1), payload(1))
 
     def torn(fd: int, buffers: list[np.ndarray], offset: int) -> int:
@@ -227,17 +228,10 @@ def test_a_failed_overwrite_of_an_evicted_file_leaves_neither_block(
     with pytest.raises(TransferError, match="I/O error"):
         store.write(key(2), payload(2), evict=[key(1)])
     assert len(store) == 0 and store.used_bytes == 0 and store.free_bytes == 16 * MiB
-    assert not [p for p in store.directory.rglob("*") if p.is_file() and p.name != "lock"]
-
-
-def test_a_victim_deleted_meanwhile_falls_back_to_a_new_file(store: DiskStore) -> None:
-    store.write(key(1), payload(1))
-    block_path(store.directory, key(1)).unlink()  # gone behind the store's back
-    store.write(key(2), payload(2), evict=[key(1)])
-    out = aligned_empty(BLOCK)
-    store.read_into(key(2), out)
-    assert np.array_equal(out, payload(2))
-    assert store.used_bytes == block_file_size(BLOCK)
+    store.close()
+    again = DiskStore.open(tmp_path / "cache", FP, 16 * MiB)
+    assert again.recovered == ()
+    again.close()
 
 
 def test_one_owner_per_directory(tmp_path: Path) -> None:
@@ -249,31 +243,41 @@ def test_one_owner_per_directory(tmp_path: Path) -> None:
     DiskStore.open(tmp_path, FP, MiB).close()
 
 
-def test_leftovers_of_a_crash_are_removed_at_open(tmp_path: Path) -> None:
+def test_leftovers_of_a_crash_are_ignored_or_removed_at_open(tmp_path: Path) -> None:
+    """A segment past a short one (a crash while one was added) is removed; a torn
+    or garbage index record is no block; files it does not know are left alone."""
     s = DiskStore.open(tmp_path, FP, MiB)
     s.write(key(1), payload(1))
-    shard = block_path(s.directory, key(1)).parent
+    where = s.locate(key(1))
+    assert where is not None
     s.close()
-    (shard / f".{key(2).hex()}.abc.tmp").write_bytes(b"half a block")
-    (shard / (key(2).hex()[:2] + "00.kvb")).write_bytes(b"short")  # cannot hold a header
+    slot_bytes = block_file_size(BLOCK)
+    stray = s.directory / f"{slot_bytes}-7.seg"
+    stray.write_bytes(bytes(slot_bytes))
+    with open(s.directory / f"{slot_bytes}.idx", "r+b") as f:
+        f.seek(256 * 3)
+        f.write(os.urandom(256))
+    (s.directory / "notes.txt").write_text("mine")
     s = DiskStore.open(tmp_path, FP, MiB)
-    assert sorted(p.name for p in shard.iterdir()) == [key(1).hex() + ".kvb"]
-    assert [b.key for b in s.recovered] == [key(1)]
+    assert not stray.exists() and (s.directory / "notes.txt").exists()
+    assert [b.key for b in s.recovered] == [key(1)] and s.locate(key(1)) == where
     s.close()
 
 
 def _corrupt_then_load(store: DiskStore, damage: str) -> str:
     k = key(5)
     store.write(k, payload(5))
-    path = block_path(store.directory, k)
-    raw = bytearray(path.read_bytes())
+    where = store.locate(k)
+    assert where is not None
+    path, offset = where
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = bytearray(f.read(block_file_size(BLOCK)))
     length = BLOCK
     if damage == "payload":
         raw[HEADER_REGION + 777] ^= 0x80
     elif damage == "header":
         raw[20] ^= 0x01
-    elif damage == "truncated":
-        del raw[-100:]
     elif damage == "wrong key":
         header = block_format.encode_header(key(6), FP, bytes(raw[HEADER_REGION:]))
         raw[: len(header)] = header
@@ -285,13 +289,17 @@ def _corrupt_then_load(store: DiskStore, damage: str) -> str:
     elif damage == "version 1":  # a block written before the XXH3-64 format
         header = version_1_header(k, FP, bytes(raw[HEADER_REGION:]))
         raw[:HEADER_REGION] = header + bytes(HEADER_REGION - len(header))
-    path.write_bytes(bytes(raw))
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(raw)
+    if damage == "truncated":
+        os.truncate(path, offset + len(raw) - 100)
     out = aligned_empty(length)
     out[:] = 0xAB
     with pytest.raises(IntegrityError) as info:
         store.read_into(k, out)
     assert not out.any(), "a failed load leaves zeros, never plausible bytes"
-    assert not path.exists() and k not in store, "a corrupt block is deleted"
+    assert store.locate(k) is None and k not in store, "a corrupt block is deleted"
     assert store.used_bytes == 0
     assert info.value.reason is not None and k.hex()[:16] in str(info.value)
     return info.value.reason
@@ -317,9 +325,14 @@ def test_missing_block_is_a_transfer_error(store: DiskStore) -> None:
     with pytest.raises(TransferError, match="not on disk"):
         store.read_into(key(1), aligned_empty(BLOCK))
     store.write(key(1), payload(1))
-    block_path(store.directory, key(1)).unlink()  # removed behind the store's back
-    with pytest.raises(TransferError):
+    where = store.locate(key(1))
+    assert where is not None
+    with open(where[0], "r+b") as f:  # zeroed behind the store's back
+        f.seek(where[1])
+        f.write(bytes(block_file_size(BLOCK)))
+    with pytest.raises(IntegrityError) as info:
         store.read_into(key(1), aligned_empty(BLOCK))
+    assert info.value.reason == "bad_magic"
     assert key(1) not in store and store.used_bytes == 0
 
 
@@ -329,8 +342,8 @@ def test_capacity_is_refused_not_exceeded(tmp_path: Path) -> None:
     s.write(key(2), payload(2))
     with pytest.raises(TransferError, match="full"):
         s.write(key(3), payload(3))
-    assert key(3) not in s and not block_path(s.directory, key(3)).exists()
-    assert not list(s.directory.rglob("*.tmp"))
+    assert key(3) not in s and s.locate(key(3)) is None
+    assert sum(p.stat().st_size for p in s.directory.glob("*.seg")) == s.capacity_bytes
     assert s.delete(key(1)) and not s.delete(key(1))
     s.write(key(3), payload(3))
     assert s.free_bytes == 0 and sorted(s.keys()) == [key(2), key(3)]
@@ -344,7 +357,15 @@ def test_lowered_capacity_drops_the_oldest_at_open(tmp_path: Path) -> None:
     s.close()
     s = DiskStore.open(tmp_path, FP, 2 * block_file_size(BLOCK))
     assert [b.key for b in s.recovered] == [key(2), key(3)]
-    assert len(list(tmp_path.rglob("*.kvb"))) == 2
+    # the blocks were moved into the slots the capacity still allows; the files shrank
+    assert sum(p.stat().st_size for p in s.directory.glob("*.seg")) == 2 * block_file_size(BLOCK)
+    for i in (2, 3):
+        out = aligned_empty(BLOCK)
+        s.read_into(key(i), out)
+        assert np.array_equal(out, payload(i))
+    s.close()
+    s = DiskStore.open(tmp_path, FP, 16 * MiB)  # and so does the next open
+    assert [b.key for b in s.recovered] == [key(2), key(3)]
     s.close()
 
 
@@ -356,7 +377,7 @@ def test_enospc_fails_cleanly(store: DiskStore, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(TransferError, match="No space left"):
         store.write(key(1), payload(1))
     assert store.used_bytes == 0 and store.free_bytes == store.capacity_bytes
-    assert not list(store.directory.rglob("*.tmp")) and key(1) not in store
+    assert key(1) not in store
 
 
 def test_enospc_on_a_real_small_file_system(tmp_path: Path) -> None:
@@ -371,7 +392,7 @@ def test_enospc_on_a_real_small_file_system(tmp_path: Path) -> None:
         (mnt / "filler").write_bytes(b"\0" * (900 * 1024))
         with pytest.raises(TransferError, match="No space left"):
             s.write(key(1), payload(1, n=256 * 1024))
-        assert s.used_bytes == 0 and not list(mnt.rglob("*.tmp"))
+        assert s.used_bytes == 0 and len(s) == 0
         (mnt / "filler").unlink()
         s.write(key(1), payload(1, n=256 * 1024))  # and works again once there is room
         s.close()
@@ -447,8 +468,9 @@ def test_tmpfs_paths(tmp_path: Path) -> None:
 def test_capacity_never_exceeded(ops: list[tuple[str, int, int]], capacity: int) -> None:
     """Against a dict model: same keys, same bytes, and never more than the capacity.
 
-    ``write_evicting`` writes key ``i`` evicting key ``i + 3`` (mod 8): its file is
-    reused when its size matches, deleted otherwise, gone either way."""
+    ``write_evicting`` writes key ``i`` evicting key ``i + 3`` (mod 8): its slot is
+    reused when its size matches, freed otherwise, gone either way. The segment files
+    of each slot size never exceed the capacity either."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as d:
         s = DiskStore.open(d, FP, capacity)
         model: dict[bytes, np.ndarray] = {}
@@ -474,8 +496,11 @@ def test_capacity_never_exceeded(ops: list[tuple[str, int, int]], capacity: int)
                 out = bytearray(len(model[k]))
                 s.read_into(k, out)
                 assert bytes(out) == model[k].tobytes()
-            on_disk = sum(p.stat().st_size for p in Path(s.directory).rglob("*.kvb"))
-            assert on_disk == s.used_bytes <= capacity
+            want = sum(block_file_size(len(v)) for v in model.values())
+            assert s.used_bytes == want <= capacity
+            for slot_bytes in {block_file_size(n) for _, _, n in ops}:  # per size
+                files = Path(s.directory).glob(f"{slot_bytes}-*.seg")
+                assert sum(p.stat().st_size for p in files) <= capacity
             assert sorted(s.keys()) == sorted(model)
         s.close()
 

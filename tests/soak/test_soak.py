@@ -65,7 +65,7 @@ def block_store(directory: Path) -> tuple[DiskStore, list[bytes]]:
     return store, keys
 
 
-@pytest.mark.parametrize("how", ["flip", "truncate"])
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
 def test_the_restart_check_finds_damage_the_soak_did_not_do(tmp_path: Path, how: str) -> None:
     area = DiskArea.__new__(DiskArea)  # the checks only; no tmpfs
     area.root = tmp_path
@@ -75,10 +75,11 @@ def test_the_restart_check_finds_damage_the_soak_did_not_do(tmp_path: Path, how:
     damaged = area.damage("a", how, random.Random(how == "flip"))
     assert damaged is not None
     if how == "flip":  # a flip in the zero padding of the header region is harmless
-        with open(damaged, "r+b") as f:
-            f.seek(5000)
+        segment, offset = damaged.name.split("@")  # so flip a payload byte too
+        with open(damaged.with_name(segment), "r+b") as f:
+            f.seek(int(offset) + 5000)
             byte = f.read(1)
-            f.seek(5000)
+            f.seek(int(offset) + 5000)
             f.write(bytes([byte[0] ^ 1]))
     found = area.corrupt_blocks("a", set())
     assert len(found) == 1 and found[0].startswith(damaged.name)

@@ -15,7 +15,7 @@ from kvtier.errors import TransferError
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
-from kvtier.media.disk_layout import HEADER_REGION, block_file_size, block_path
+from kvtier.media.disk_layout import HEADER_REGION, block_file_size
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler, TransferResult
 
@@ -92,10 +92,13 @@ def test_failed_block_fails_its_job_only(
 ) -> None:
     pages = handlers.pages  # type: ignore[attr-defined]
     run(handlers.cpu_to_disk_handler, {1: store_spec([0, 1, 2], [0, 1, 2])})
-    path = block_path(store.directory, key(1))
-    raw = bytearray(path.read_bytes())
-    raw[HEADER_REGION + 5] ^= 0xFF
-    path.write_bytes(bytes(raw))
+    where = store.locate(key(1))
+    assert where is not None
+    with open(where[0], "r+b") as f:
+        f.seek(where[1] + HEADER_REGION + 5)
+        byte = f.read(1)[0]
+        f.seek(where[1] + HEADER_REGION + 5)
+        f.write(bytes([byte ^ 0xFF]))
     pages[8:12] = 0xAB
     results = run(
         handlers.disk_to_cpu_handler,
@@ -111,7 +114,7 @@ def test_failed_block_fails_its_job_only(
     assert not pages[9].any(), "the corrupt block's page holds zeros, not plausible bytes"
     assert results[3].success
     assert not results[4].success and "not on disk" in str(results[4].error)
-    assert key(1) not in store and not path.exists()
+    assert key(1) not in store and store.locate(key(1)) is None
 
 
 def test_disk_full_fails_the_store_job_cleanly(tmp_path: Path) -> None:
@@ -119,7 +122,8 @@ def test_disk_full_fails_the_store_job_cleanly(tmp_path: Path) -> None:
     h = CpuDiskOffloadingHandlers(cpu_pages(True), store, io_threads=2)
     results = run(h.cpu_to_disk_handler, {1: store_spec([0, 1, 2], [0, 1, 2])})
     assert not results[1].success and "full" in str(results[1].error)
-    assert len(store) == 2 and store.used_bytes <= store.capacity_bytes
+    # all or nothing: no block the scheduler will think failed is left taking room
+    assert len(store) == 0 and store.used_bytes == 0
     h.shutdown()
     store.close()
 
@@ -132,15 +136,20 @@ class GatedStore:
         self.gated = gated
         self.gate = threading.Event()
 
-    def write(self, k: bytes, payload: np.ndarray, evict: Sequence[bytes] = ()) -> int:
-        if k in self.gated:
+    def write_blocks(
+        self, keys: list[bytes], payloads: list[np.ndarray], evict: Sequence[bytes] = ()
+    ) -> int:
+        if self.gated & set(keys):
             self.gate.wait()
-        return self.inner.write(k, payload, evict)
+        return self.inner.write_blocks(keys, payloads, evict)
 
-    def read_into(self, k: bytes, out: np.ndarray) -> None:
-        if k in self.gated:
+    def read_blocks(self, keys: list[bytes], outs: list[np.ndarray]) -> list[TransferError]:
+        if self.gated & set(keys):
             self.gate.wait()
-        self.inner.read_into(k, out)
+        return self.inner.read_blocks(keys, outs)
+
+    def runs(self, keys: list[bytes]) -> list[list[int]]:
+        return self.inner.runs(keys)
 
 
 def test_jobs_finish_in_submission_order(store: DiskStore) -> None:
@@ -200,11 +209,16 @@ def test_after_shutdown_jobs_are_refused(handlers: CpuDiskOffloadingHandlers) ->
 class BrokenStore:
     """A store with a bug: the handler reports it and keeps going."""
 
-    def write(self, k: bytes, payload: np.ndarray, evict: Sequence[bytes] = ()) -> int:
+    def write_blocks(
+        self, keys: list[bytes], payloads: list[np.ndarray], evict: Sequence[bytes] = ()
+    ) -> int:
         raise RuntimeError("bug in the store")
 
-    def read_into(self, k: bytes, out: np.ndarray) -> None:
+    def read_blocks(self, keys: list[bytes], outs: list[np.ndarray]) -> list[TransferError]:
         raise TransferError("disk read failed: EIO")
+
+    def runs(self, keys: list[bytes]) -> list[list[int]]:
+        return [[i] for i in range(len(keys))]
 
 
 def test_handler_never_raises(caplog: pytest.LogCaptureFixture) -> None:

@@ -8,8 +8,8 @@ kvtier mode is compared with the ``dd`` flags that do the same work::
 
     op     mode            kvtier (DiskStore)                 dd (one file, same bs)
     store  direct          O_DIRECT, no fsync                 oflag=direct
-    store  direct+sync     O_DIRECT, fdatasync per block      oflag=direct,dsync
-    store  buffered+sync   page cache, fdatasync per block    oflag=dsync
+    store  direct+sync     O_DIRECT, fdatasync per stretch    oflag=direct,dsync
+    store  buffered+sync   page cache, fdatasync per stretch  oflag=dsync
     load   direct          O_DIRECT                           iflag=direct
     load   buffered        page cache, cold when dropped      (no flag), cold when dropped
 
@@ -17,12 +17,12 @@ A buffered store without fsync only measures copies into the page cache, so it i
 compared. Each store pass stores fresh blocks into a full cache, as an engine's disk
 tier does once it has filled: the store job names, per block, one block of the
 previous pass as evicted (``DiskLoadStoreSpec.evicted_hashes``, as the scheduler's
-index sends them), so the store reuses that file (see ``DiskStore.write``); the
+index sends them), so the store reuses those slots (see ``DiskStore.write_blocks``); the
 warm-up pass fills the cache. kvtier and ``dd`` passes alternate (kvtier, dd, kvtier,
 ...) so that drift of a shared or virtual disk hits both alike.
 
-``dd`` reads ``/dev/zero`` (free) while kvtier also checksums every block and creates,
-renames and timestamps one file per block: the ratio is the whole cost of the design.
+``dd`` reads ``/dev/zero`` (free) while kvtier also checksums every block and writes
+an index record per block: the ratio is the whole cost of the design.
 Before each cold pass the benchmark evicts its own files, and only those, from the
 page cache (``fdatasync`` then ``posix_fadvise(POSIX_FADV_DONTNEED)`` on each file it
 wrote); the rest of the machine's cache is never touched. Reported: median GB/s (10^9 bytes

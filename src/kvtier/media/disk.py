@@ -1,16 +1,17 @@
-"""The disk medium: a directory of verified block files with a hard byte capacity.
+"""The disk medium: verified blocks in fixed slots of preallocated segment files.
 
 Runs on the worker side. ``DiskStore`` is thread-safe: the CPU↔disk handlers call
-``write``, ``read_into`` and ``delete`` from several I/O threads at once. It decides no
-eviction: a write that does not fit fails, and the scheduler side (which owns the
-tier's policy) deletes blocks to make room.
+``write_blocks``, ``read_blocks`` and ``delete`` from several I/O threads at once. It
+decides no eviction: a write that does not fit fails, and the scheduler side (which
+owns the tier's policy) deletes blocks to make room.
 
-A block is written to a hidden temporary file in its final directory (layout in
-``disk_layout``), optionally ``fdatasync``-ed, and renamed into place: a name is
-visible only when its bytes are complete. A write that evicts a block of the same
-size takes over that block's file (renamed to the temporary name, then overwritten in
-place) instead of deleting one file and allocating another. Every load verifies
-header and checksum; a block that fails is deleted and reported, never served. One
+Blocks live in slots of segment files (layout in ``disk_layout``; which slot holds what
+in ``disk_slots``). Blocks written together get consecutive slots where possible and
+are written with one ``pwritev``; blocks read together that sit in consecutive slots
+are read with one ``preadv``, so the kernel sees one sequential stream, as ``dd`` gives
+it. A slot's index record is written after its bytes; every load verifies the slot's
+own header (key, fingerprint, length) and checksum, so a torn write, a stale record or
+a slot reused for another key is a miss, never wrong bytes (``docs/disk.md``). One
 process at a time owns a fingerprint directory (an ``flock`` on its ``lock`` file), so
 the accounting is exact.
 """
@@ -18,12 +19,12 @@ the accounting is exact.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,7 +34,6 @@ from kvtier.errors import ConfigError, IntegrityError, TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike, Corruption
 from kvtier.media.direct_io import (
-    ALIGNMENT,
     O_DIRECT,
     aligned_empty,
     is_aligned,
@@ -42,19 +42,30 @@ from kvtier.media.direct_io import (
     supports_direct_io,
 )
 from kvtier.media.disk_layout import (
+    EMPTY_RECORD,
     HEADER_REGION,
     LOCK_NAME,
     MAX_FINGERPRINT_BYTES,
     MAX_KEY_BYTES,
-    TMP_SUFFIX,
+    RECORD_BYTES,
+    Slot,
     StoredBlock,
     block_file_size,
-    block_path,
+    encode_record,
     fingerprint_dir,
+    index_path,
     scan,
+    segment_path,
+    slot_offset,
+    slots_per_segment,
 )
+from kvtier.media.disk_slots import SlotTable
 
 _log = logging.getLogger(__name__)
+MAX_RUN_BYTES = 4 << 20
+"""Most payload bytes in one read or write of consecutive slots: a job of 16 blocks of
+256 KiB is one request the size of ``dd``'s largest reads here (4 MiB,
+``max_sectors_kb``); jobs of larger blocks still spread over the I/O threads."""
 
 
 def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
@@ -91,13 +102,15 @@ def check_free_space(path: str | os.PathLike[str], capacity_bytes: int, held: in
 
 
 class DiskStore:
-    """A directory-backed block store. Build it with ``DiskStore.open``.
+    """A directory of segment files holding verified blocks. Build it with ``DiskStore.open``.
 
     Attributes:
         directory: the fingerprint directory holding this model's blocks.
         fingerprint: the model fingerprint digest every header must carry.
-        capacity_bytes: the hard limit on bytes of block files.
-        fsync: whether each block is ``fdatasync``-ed before it becomes visible.
+        capacity_bytes: the hard limit on bytes of slots holding (or being written with)
+            blocks; with one block size, also on the bytes of segment files.
+        fsync: whether each write is ``fdatasync``-ed (slots, then index) before it
+            becomes visible.
         direct_io: whether aligned buffers bypass the page cache (``O_DIRECT``).
         recovered: the blocks found at open, least recently used first.
     """
@@ -119,10 +132,11 @@ class DiskStore:
         self.recovered: tuple[StoredBlock, ...] = ()
         self._lock_fd: int | None = lock_fd
         self._mutex = threading.Lock()
-        self._sizes: dict[bytes, int] = {}
-        self._used = 0
-        self._reserved = 0
-        self._shards: set[str] = set()
+        self._table = SlotTable(capacity_bytes)
+        self._last_use: dict[bytes, int] = {}
+        self._stale_use: set[bytes] = set()  # loaded since their record was written
+        self._fds: dict[tuple[int, int, bool], int] = {}  # (slot bytes, segment, direct)
+        self._index_fds: dict[int, int] = {}
         self._local = threading.local()
 
     @classmethod
@@ -137,16 +151,17 @@ class DiskStore:
     ) -> DiskStore:
         """Open (or create) the store for one model under ``path``.
 
-        Scans names and sizes only (verification happens on load), removes temporary
-        files a crash left behind, and deletes the least recently used blocks if
-        more than ``capacity_bytes`` are found. ``recovered`` lists what remains.
+        Reads the index files (verification happens on load), deletes the least
+        recently used blocks if more than ``capacity_bytes`` are found, moves blocks
+        out of slots the capacity no longer allows and shortens the segment files to
+        it. ``recovered`` lists what remains.
 
         Args:
             path: the cache directory (``disk_path``); created mode 0700 if missing.
             fingerprint: the model fingerprint digest (1..64 bytes); blocks of other
                 fingerprints live in other directories and are never listed.
             capacity_bytes: the hard byte capacity (``disk_bytes_to_use``).
-            fsync: ``fdatasync`` each block before it becomes visible (``disk_fsync``).
+            fsync: ``fdatasync`` each write before it becomes visible (``disk_fsync``).
             direct_io: ``None`` to use ``O_DIRECT`` where the file system supports
                 it, ``True`` to require it, ``False`` for buffered I/O only.
 
@@ -190,7 +205,7 @@ class DiskStore:
             check_free_space(path, capacity_bytes, held=None)  # before the scan
             store._recover()
             vfs = os.statvfs(directory)
-            available = vfs.f_bavail * vfs.f_frsize + store._used
+            available = vfs.f_bavail * vfs.f_frsize + store.used_bytes
             if capacity_bytes > available:  # a full disk is a fault, not a configuration:
                 _log.warning(  # the engine starts; stores fail until space returns
                     "disk tier at %s: %d bytes asked, %d available (free space plus this "
@@ -205,173 +220,326 @@ class DiskStore:
         return store
 
     def _recover(self) -> None:
-        found = scan(self.directory)
-        total = sum(b.size for b in found)
-        while found and total > self.capacity_bytes:  # the capacity was lowered
-            oldest = found.pop(0)
-            block_path(self.directory, oldest.key).unlink(missing_ok=True)
-            total -= oldest.size
-        self._shards = {p.name for p in self.directory.iterdir() if p.is_dir()}
-        self._sizes = {b.key: b.size for b in found}
-        self._used = total
-        self.recovered = tuple(found)
+        found: list[tuple[int, bytes, Slot]] = []
+        classes = scan(self.directory)
+        for size_class in classes:
+            self._table.grow(size_class.slot_bytes, size_class.slots)
+            for path in size_class.unreachable:
+                path.unlink(missing_ok=True)
+            for g, (key, last_use) in size_class.records.items():
+                found.append((last_use, key, Slot(size_class.slot_bytes, g)))
+        found.sort()
+        newest: dict[bytes, tuple[int, Slot]] = {}
+        for last_use, key, slot in found:  # a key in two slots: the later record wins
+            newest[key] = (last_use, slot)
+        order = sorted((use, key, slot) for key, (use, slot) in newest.items())
+        total = sum(slot.slot_bytes for _, _, slot in order)
+        while order and total > self.capacity_bytes:  # the capacity was lowered
+            total -= order.pop(0)[2].slot_bytes
+        for last_use, key, slot in order:
+            self._table.place(key, slot)
+            self._last_use[key] = last_use
+        kept = {slot for _, _, slot in order}
+        for _, _, slot in found:  # records of dropped or duplicate blocks
+            if slot not in kept:
+                self._write_record(slot, EMPTY_RECORD)
+        for size_class in classes:
+            self._shrink(size_class.slot_bytes)
+        self.recovered = tuple(
+            StoredBlock(key, held.slot_bytes, use)
+            for use, key, _ in order
+            if (held := self._table.lookup(key)) is not None
+        )
+
+    def _shrink(self, slot_bytes: int) -> None:
+        """Fit the slots of that size into the capacity: move blocks down, cut the files."""
+        limit, have = self._table.limit(slot_bytes), self._table.slots(slot_bytes)
+        if have <= limit:
+            return
+        for key, slot in self._table.held():
+            if slot.slot_bytes != slot_bytes or slot.index < limit:
+                continue
+            target = self._table.lowest_free(slot_bytes)
+            assert target is not None and target.index < limit, "the kept blocks fit"
+            buf = np.empty(slot_bytes, np.uint8)
+            pread_all(self._fd(slot, direct=False), [buf], slot_offset(slot)[1])
+            pwrite_all(self._fd(target, direct=False), [buf], slot_offset(target)[1])
+            self._write_record(target, encode_record(key, self._last_use[key]))
+            self._table.move(key, target)
+            self._write_record(slot, EMPTY_RECORD)
+        self._close_fds()
+        per = slots_per_segment(slot_bytes)
+        for seg in range(limit // per, -(-have // per)):
+            path = segment_path(self.directory, slot_bytes, seg)
+            keep = max(0, limit - seg * per) * slot_bytes
+            if keep:
+                os.truncate(path, keep)
+            else:
+                path.unlink(missing_ok=True)
+        os.ftruncate(self._index_fd(slot_bytes), limit * RECORD_BYTES)
+        self._table.shrink(slot_bytes, limit)
 
     # -- accounting ------------------------------------------------------------------
 
     @property
     def used_bytes(self) -> int:
-        """Bytes of complete block files."""
-        return self._used
+        """Bytes of slots holding complete blocks."""
+        return self._table.used_bytes
 
     @property
     def free_bytes(self) -> int:
         """Capacity not used by complete blocks nor reserved by writes in flight."""
         with self._mutex:
-            return self.capacity_bytes - self._used - self._reserved
+            return self.capacity_bytes - self._table.used_bytes - self._table.reserved_bytes
 
     def __contains__(self, key: object) -> bool:
-        return key in self._sizes
+        return key in self._table
 
     def __len__(self) -> int:
-        return len(self._sizes)
+        return len(self._table)
 
     def keys(self) -> list[bytes]:
         """Keys of the blocks stored now (a snapshot)."""
         with self._mutex:
-            return list(self._sizes)
+            return self._table.keys()
+
+    def locate(self, key: bytes) -> tuple[Path, int] | None:
+        """``(segment file, byte offset of the slot)`` of block ``key``, or ``None``.
+
+        For tools and tests (damaging a block on purpose); the store never needs it.
+        """
+        with self._mutex:
+            slot = self._table.lookup(key)
+        if slot is None:
+            return None
+        seg, offset = slot_offset(slot)
+        return segment_path(self.directory, slot.slot_bytes, seg), offset
 
     # -- block I/O -------------------------------------------------------------------
 
     def write(
         self, key: bytes, payload: np.ndarray | BytesLike, evict: Sequence[bytes] = ()
     ) -> int:
-        """Store ``payload`` as block ``key`` (replacing any block of that key).
+        """Store one block; ``write_blocks`` with one key. Returns its bytes on disk."""
+        return self.write_blocks([key], [payload], evict)
 
-        Runs in the calling thread and blocks on I/O. Visible to ``read_into`` only
-        once complete. On any failure no file is left behind and accounting is
-        unchanged, except that the blocks in ``evict`` are gone.
+    def write_blocks(
+        self,
+        keys: Sequence[bytes],
+        payloads: Sequence[np.ndarray | BytesLike],
+        evict: Sequence[bytes] = (),
+    ) -> int:
+        """Store ``payloads`` as blocks ``keys`` (replacing blocks of those keys), together.
+
+        Runs in the calling thread and blocks on I/O. All blocks or none: on any
+        failure none of them is stored and accounting is unchanged, except that the
+        blocks in ``evict`` are gone. Blocks of one size get consecutive slots where a
+        free run exists, and each run is one ``pwritev``; the index records follow the
+        bytes. Visible to ``read_blocks`` only once all are complete.
 
         Args:
-            key: the block's key.
-            payload: the block's bytes.
-            evict: blocks to remove first (the scheduler evicted them to make room).
-                The file of one of them that has this block's size is reused: renamed
-                to this write's temporary name and overwritten in place, which spares
-                the file system an unlink, a create and a block allocation.
+            keys: the blocks' keys (distinct).
+            payloads: their bytes, one buffer each.
+            evict: blocks to remove first (the scheduler evicted them to make room);
+                their slots are free for these blocks.
 
         Returns:
-            Bytes the block takes on disk.
+            Bytes the blocks take on disk.
 
         Raises:
-            TransferError: the store is full or closed, the key is unusable, or the
+            TransferError: the store is full or closed, a key is unusable, or the
                 file system failed (``ENOSPC``, ``EIO``, ...).
         """
-        data = _as_array(payload)
-        name = self._name(key)
-        size = block_file_size(data.nbytes)
-        victim = next((v for v in evict if v != key and self._sizes.get(v) == size), None)
+        datas = [_as_array(p) for p in payloads]
+        names = [self._name(k) for k in keys]
+        if len(datas) != len(keys) or len(set(keys)) != len(keys):
+            raise TransferError("write_blocks needs one payload per key, keys distinct")
         for other in evict:
-            if other != victim:
+            if other not in keys:
                 self.delete(other)
+        sizes = {block_file_size(d.nbytes) for d in datas}
+        if len(sizes) > 1:  # slots of several sizes: one size at a time
+            return sum(self.write_blocks([k], [d]) for k, d in zip(keys, datas, strict=True))
+        if not datas:
+            return 0
+        (slot_bytes,) = sizes
         with self._mutex:
             if self._lock_fd is None:
                 raise TransferError("disk store is closed")
-            if victim is not None:  # its bytes become this write's reservation
-                self._used -= self._sizes.pop(victim, 0)
-            if self._used + self._reserved + size > self.capacity_bytes:
-                raise TransferError(
-                    f"disk tier full: block {name[:16]} needs {size} bytes, "
-                    f"{self.capacity_bytes - self._used - self._reserved} free"
-                )
-            self._reserved += size
-        final = self._path(key)
-        tmp: Path | None = final.parent / f".{name}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
+            slots = self._reserve(slot_bytes, len(datas), names[0])
+        done = False
         try:
-            region = self._header_region(
-                block_format.encode_header(key, self.fingerprint, data.data)
-            )
-            self._ensure_shard(final.parent)
-            assert tmp is not None
-            fd = self._open_for_write(tmp, victim, direct=self.direct_io and is_aligned(data))
-            try:
-                pwrite_all(fd, [region, data], 0)
-                now = time.time_ns()
-                os.utime(fd, ns=(now, now))
+            now = time.time_ns()
+            regions = self._regions(len(datas))
+            for i, (k, d) in enumerate(zip(keys, datas, strict=True)):
+                header = block_format.encode_header(k, self.fingerprint, d.data)
+                regions[i, : len(header)] = np.frombuffer(header, dtype=np.uint8)
+                regions[i, len(header) :] = 0
+            for run in self._runs(slots):
+                direct = self.direct_io and all(is_aligned(datas[i]) for i in run)
+                buffers: list[np.ndarray] = []
+                for i in run:
+                    buffers += [regions[i], datas[i]]
+                fd = self._fd(slots[run[0]], direct)
+                pwrite_all(fd, buffers, slot_offset(slots[run[0]])[1])
                 if self.fsync:
                     os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-            tmp = None
+            for k, slot in zip(keys, slots, strict=True):
+                self._write_record(slot, encode_record(k, now), raise_errors=True)
+            if self.fsync:
+                os.fdatasync(self._index_fd(slot_bytes))
+            done = True
         except OSError as e:
-            raise TransferError(f"disk write of block {name[:16]} failed: {e}") from e
+            raise TransferError(f"disk write of block {names[0][:16]} failed: {e}") from e
         finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
             with self._mutex:
-                self._reserved -= size
-                if tmp is None:
-                    self._used += size - self._sizes.get(key, 0)
-                    self._sizes[key] = size
-        return size
+                for k, slot in zip(keys, slots, strict=True):
+                    if done:  # the slot it held before is free: its record goes
+                        if (old := self._table.commit(k, slot)) is not None:
+                            self._write_record(old, EMPTY_RECORD)
+                        self._last_use[k] = now
+                        self._stale_use.discard(k)
+                    else:
+                        self._table.release(slot)
+        return slot_bytes * len(datas)
 
     def read_into(self, key: bytes, out: np.ndarray | bytearray | memoryview) -> None:
         """Load block ``key`` into ``out`` (exactly its payload length) and verify it.
 
-        Runs in the calling thread and blocks on I/O. Reads straight into ``out``
-        (with ``O_DIRECT`` when ``out`` is aligned); on any failure ``out`` is
-        zero-filled, so no wrong bytes are left looking plausible, and a block that
-        fails verification is deleted.
+        ``read_blocks`` with one key: on failure it raises the block's own error.
 
         Raises:
             IntegrityError: the block failed verification (``reason`` says why).
             TransferError: the block is not stored, or the read failed.
         """
-        dest = _as_array(out)
-        name = self._name(key)
-        path = self._path(key)
-        direct = O_DIRECT if self.direct_io and is_aligned(dest) else 0
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | direct)
-        except FileNotFoundError:
-            self._forget(key)
-            raise TransferError(f"block {name[:16]} is not on disk") from None
-        except OSError as e:
-            raise TransferError(f"disk read of block {name[:16]} failed: {e}") from e
-        try:
-            expected = block_file_size(dest.nbytes)
-            region, tail = self._region(), self._tail()
-            got = pread_all(fd, [region, dest, tail], 0)  # the tail sees a longer file
-            if got != expected:
-                raise block_format.corruption(
-                    Corruption.TRUNCATED if got < expected else Corruption.LENGTH_MISMATCH,
-                    f"file has {'only ' if got < expected else 'over '}{got} bytes, "
-                    f"a {dest.nbytes}-byte block has {expected}",
+        failed = self.read_blocks([key], [out])
+        if failed:
+            raise failed[0]
+
+    def read_blocks(
+        self, keys: Sequence[bytes], outs: Sequence[np.ndarray | bytearray | memoryview]
+    ) -> list[TransferError]:
+        """Load blocks ``keys`` into ``outs`` (each exactly its payload length), verified.
+
+        Runs in the calling thread and blocks on I/O. Blocks in consecutive slots (in
+        the order given) are read with one ``preadv`` (``O_DIRECT`` when every page of
+        the run is aligned). Every block's header, key, fingerprint, length and
+        checksum are checked. A block that fails has its ``out`` zero-filled, so no
+        wrong bytes are left looking plausible; one that fails verification is
+        deleted.
+
+        Returns:
+            The failures, one error per failed block (``IntegrityError`` with its
+            ``reason``, or ``TransferError``), each naming its block; empty if all
+            loaded.
+        """
+        dests = [_as_array(o) for o in outs]
+        names = [self._name(k) for k in keys]
+        with self._mutex:
+            slots = [self._table.lookup(k) for k in keys]
+        failed: list[TransferError] = []
+        todo: list[int] = []
+        for i, slot in enumerate(slots):
+            if slot is None:
+                failed.append(TransferError(f"block {names[i][:16]} is not on disk"))
+            elif slot.slot_bytes != block_file_size(dests[i].nbytes):
+                err = block_format.corruption(
+                    Corruption.LENGTH_MISMATCH,
+                    f"its slot holds {slot.slot_bytes - HEADER_REGION} payload bytes, "
+                    f"{dests[i].nbytes} asked",
                 )
-            block_format.verify(region.data, dest.data, key=key, fingerprint=self.fingerprint)
-            now = time.time_ns()
-            os.utime(fd, ns=(now, now))  # last use, for the LRU order at the next open
-        except IntegrityError as e:
-            dest[:] = 0
-            self._discard(key)
-            raise IntegrityError(f"block {name[:16]}: {e}", reason=e.reason) from e
-        except OSError as e:
-            dest[:] = 0
-            raise TransferError(f"disk read of block {name[:16]} failed: {e}") from e
-        finally:
-            os.close(fd)
+                failed.append(self._failed(keys[i], slot, dests[i], err))
+            else:
+                todo.append(i)
+        regions = self._regions(len(keys))
+        loaded: list[int] = []
+        for run in self._runs([slots[i] for i in todo]):
+            idx = [todo[r] for r in run]
+            first = slots[idx[0]]
+            assert first is not None
+            slot_bytes = first.slot_bytes
+            direct = self.direct_io and all(is_aligned(dests[i]) for i in idx)
+            buffers: list[np.ndarray] = []
+            for i in idx:
+                buffers += [regions[i], dests[i]]
+            try:
+                got = pread_all(self._fd(first, direct), buffers, slot_offset(first)[1])
+            except OSError as e:
+                for i in idx:
+                    dests[i][:] = 0
+                    failed.append(TransferError(f"disk read of block {names[i][:16]} failed: {e}"))
+                continue
+            for n, i in enumerate(idx):
+                slot = slots[i]
+                assert slot is not None
+                try:
+                    if got < n * slot_bytes + HEADER_REGION + dests[i].nbytes:
+                        raise block_format.corruption(
+                            Corruption.TRUNCATED, "its segment file ends inside its slot"
+                        )
+                    block_format.verify(
+                        regions[i].data, dests[i].data, key=keys[i], fingerprint=self.fingerprint
+                    )
+                    loaded.append(i)
+                except IntegrityError as e:
+                    failed.append(self._failed(keys[i], slot, dests[i], e))
+        now = time.time_ns()
+        with self._mutex:
+            for i in loaded:
+                if keys[i] in self._table:
+                    self._last_use[keys[i]] = now
+                    self._stale_use.add(keys[i])
+        return failed
+
+    def runs(self, keys: Sequence[bytes], max_bytes: int = MAX_RUN_BYTES) -> list[list[int]]:
+        """Positions in ``keys`` grouped for loading: blocks in consecutive slots together.
+
+        A group is a stretch of ``keys`` whose slots follow each other in one segment
+        (one ``preadv`` then), cut at ``max_bytes`` of payload; unknown keys are a
+        group each.
+        A snapshot: blocks moved meanwhile are still loaded correctly, only in more reads.
+        """
+        with self._mutex:
+            slots = [self._table.lookup(k) for k in keys]
+        groups: list[list[int]] = []
+        for i, slot in enumerate(slots):
+            prev = slots[i - 1] if i else None
+            if (
+                groups
+                and slot is not None
+                and prev is not None
+                and self._follows(prev, slot)
+                and (len(groups[-1]) + 1) * (slot.slot_bytes - HEADER_REGION) <= max_bytes
+            ):
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
 
     def delete(self, key: bytes) -> bool:
         """Remove block ``key``; ``False`` if it was not stored. Never raises for I/O."""
-        if key not in self._sizes:
-            return False
-        self._discard(key)
+        with self._mutex:
+            slot = self._table.remove(key)
+            if slot is None:
+                return False
+            self._last_use.pop(key, None)
+            self._stale_use.discard(key)
+            self._write_record(slot, EMPTY_RECORD)
         return True
 
     def close(self) -> None:
-        """Release the directory lock. Writes after this fail; files stay on disk."""
+        """Write the last-use times of loaded blocks, release files and the lock.
+
+        Writes after this fail; blocks stay on disk for the next ``open``.
+        """
         with self._mutex:
             fd, self._lock_fd = self._lock_fd, None
+            for key in self._stale_use:
+                slot = self._table.lookup(key)
+                if slot is not None:
+                    self._write_record(slot, encode_record(key, self._last_use[key]))
+            self._stale_use.clear()
+            self._close_fds()
         if fd is not None:
             os.close(fd)
 
@@ -382,52 +550,114 @@ class DiskStore:
             raise TransferError(f"a disk block key is 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
         return key.hex()
 
-    def _path(self, key: bytes) -> Path:
-        return block_path(self.directory, key)
+    @staticmethod
+    def _follows(prev: Slot, slot: Slot) -> bool:
+        return (
+            slot.slot_bytes == prev.slot_bytes
+            and slot.index == prev.index + 1
+            and slot_offset(slot)[0] == slot_offset(prev)[0]
+        )
 
-    def _open_for_write(self, tmp: Path, victim: bytes | None, direct: bool) -> int:
-        """A new file at ``tmp``, or ``victim``'s file renamed to ``tmp`` (same size).
+    def _runs(self, slots: Sequence[Slot | None]) -> list[list[int]]:
+        """Positions of ``slots`` in stretches of consecutive slots of one segment."""
+        out: list[list[int]] = []
+        for i, slot in enumerate(slots):
+            prev = slots[i - 1] if i else None
+            if out and slot is not None and prev is not None and self._follows(prev, slot):
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
 
-        Either way ``tmp`` is a temporary name: if the write never completes, the
-        next ``open`` deletes it, so a half-overwritten victim is never served.
-        """
-        flags = os.O_WRONLY | os.O_CLOEXEC | (O_DIRECT if direct else 0)
-        if victim is not None:
+    def _reserve(self, slot_bytes: int, n: int, name: str) -> list[Slot]:
+        """``n`` slots (mutex held), growing the segment files if that makes a run."""
+        table = self._table
+        while (
+            table.fits(slot_bytes, n)
+            and not table.has_run(slot_bytes, n)
+            and table.slots(slot_bytes) < table.limit(slot_bytes)
+        ):
+            self._grow(slot_bytes, name)
+        slots = table.reserve(slot_bytes, n)
+        if slots is None:
+            free = self.capacity_bytes - table.used_bytes - table.reserved_bytes
+            raise TransferError(
+                f"disk tier full: block {name[:16]} needs {n * slot_bytes} bytes, {free} free"
+            )
+        return slots
+
+    def _grow(self, slot_bytes: int, name: str) -> None:
+        """Add the rest of the last segment, or a new one, up to the capacity's limit."""
+        have, per = self._table.slots(slot_bytes), slots_per_segment(slot_bytes)
+        target = min(self._table.limit(slot_bytes), (have // per + 1) * per)
+        seg = have // per
+        try:
+            fd = self._fd(Slot(slot_bytes, have), direct=False)
             try:
-                os.rename(self._path(victim), tmp)
-                return os.open(tmp, flags)
-            except FileNotFoundError:  # gone meanwhile (deleted, or never written)
-                pass
-        return os.open(tmp, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                os.posix_fallocate(fd, 0, (target - seg * per) * slot_bytes)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, (target - seg * per) * slot_bytes)
+            os.ftruncate(self._index_fd(slot_bytes), target * RECORD_BYTES)
+        except OSError as e:
+            raise TransferError(f"disk write of block {name[:16]} failed: {e}") from e
+        self._table.grow(slot_bytes, target)
 
-    def _ensure_shard(self, shard: Path) -> None:
-        if shard.name not in self._shards:
-            shard.mkdir(mode=0o700, exist_ok=True)
-            self._shards.add(shard.name)
+    def _fd(self, slot: Slot, direct: bool) -> int:
+        seg = slot_offset(slot)[0]
+        key = (slot.slot_bytes, seg, direct)
+        fd = self._fds.get(key)
+        if fd is None:
+            path = segment_path(self.directory, slot.slot_bytes, seg)
+            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (O_DIRECT if direct else 0)
+            fd = os.open(path, flags, 0o600)
+            if self._fds.setdefault(key, fd) != fd:  # another thread opened it first
+                os.close(fd)
+                fd = self._fds[key]
+        return fd
 
-    def _region(self) -> np.ndarray:
-        region = getattr(self._local, "region", None)
-        if region is None:
-            region = self._local.region = aligned_empty(HEADER_REGION)
-        return region
+    def _index_fd(self, slot_bytes: int) -> int:
+        fd = self._index_fds.get(slot_bytes)
+        if fd is None:
+            path = index_path(self.directory, slot_bytes)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if self._index_fds.setdefault(slot_bytes, fd) != fd:
+                os.close(fd)
+                fd = self._index_fds[slot_bytes]
+        return fd
 
-    def _tail(self) -> np.ndarray:
-        tail = getattr(self._local, "tail", None)
-        if tail is None:
-            tail = self._local.tail = aligned_empty(ALIGNMENT)
-        return tail
+    def _write_record(self, slot: Slot, record: bytes, raise_errors: bool = False) -> None:
+        try:
+            os.pwrite(self._index_fd(slot.slot_bytes), record, slot.index * RECORD_BYTES)
+        except OSError:
+            if raise_errors:
+                raise
+            # a record not cleared is a hint the next open may list; its load verifies
 
-    def _header_region(self, header: bytes) -> np.ndarray:
-        region = self._region()
-        region[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-        region[len(header) :] = 0
-        return region
+    def _close_fds(self) -> None:
+        for fd in [*self._fds.values(), *self._index_fds.values()]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+        self._index_fds.clear()
 
-    def _forget(self, key: bytes) -> None:
+    def _regions(self, n: int) -> np.ndarray:
+        """``n`` aligned header regions of this thread, ``(n, HEADER_REGION)``."""
+        regions = getattr(self._local, "regions", None)
+        if regions is None or regions.shape[0] < n:
+            regions = aligned_empty(max(n, 16) * HEADER_REGION).reshape(-1, HEADER_REGION)
+            self._local.regions = regions
+        return regions
+
+    def _failed(
+        self, key: bytes, slot: Slot, dest: np.ndarray, error: IntegrityError
+    ) -> IntegrityError:
+        """Zero the page, delete the block (if it is still at ``slot``), name it."""
+        dest[:] = 0
         with self._mutex:
-            self._used -= self._sizes.pop(key, 0)
-
-    def _discard(self, key: bytes) -> None:
-        with contextlib.suppress(OSError):  # counted as gone; the next open rescans
-            self._path(key).unlink(missing_ok=True)
-        self._forget(key)
+            if self._table.remove(key, slot) is not None:
+                self._last_use.pop(key, None)
+                self._stale_use.discard(key)
+                self._write_record(slot, EMPTY_RECORD)
+        return IntegrityError(f"block {key.hex()[:16]}: {error}", reason=error.reason)

@@ -15,11 +15,27 @@ import os
 import random
 import stat
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvtier.errors import IntegrityError
-from kvtier.media.block_format import verify
-from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, SUFFIX
+from kvtier.media.block_format import decode_header, verify
+from kvtier.media.disk_layout import HEADER_REGION, LAYOUT, listed_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSlot:
+    """One block of an engine's disk tier: where its slot is and which key it holds."""
+
+    path: Path
+    offset: int
+    slot_bytes: int
+    key: bytes
+
+    @property
+    def id(self) -> Path:
+        """The slot's name for the soak's records: ``<segment path>@<offset>``."""
+        return self.path.with_name(f"{self.path.name}@{self.offset}")
 
 
 class DiskArea:
@@ -77,55 +93,67 @@ class DiskArea:
             p.chmod(stat.S_IRWXU)
         self._locked = []
 
-    def block_files(self, name: str) -> list[Path]:
-        """The block files of one engine's disk tier, in name order."""
-        return sorted(self.engine_dir(name).glob(f"{LAYOUT}/*/*/*{SUFFIX}"))
+    def blocks(self, name: str) -> list[BlockSlot]:
+        """The blocks of one engine's disk tier, as its index lists them, in slot order."""
+        return [
+            BlockSlot(b.segment, b.offset, b.slot_bytes, b.key)
+            for fp_dir in sorted(self.engine_dir(name).glob(f"{LAYOUT}/*"))
+            for b in listed_blocks(fp_dir)
+        ]
 
     def damage(self, name: str, how: str, rng: random.Random) -> Path | None:
-        """Flip a byte of, truncate, or delete one random block file; the file, if any."""
-        files = self.block_files(name)
-        if not files:
+        """Flip a bit of, tear, or wipe the header of one random block's slot.
+
+        ``truncate`` zeroes the slot from a random byte on (a torn write), ``delete``
+        zeroes its header region (the block is gone). Returns the slot's id (its
+        segment file's path with ``@offset``), or ``None`` if there was none.
+        """
+        blocks = self.blocks(name)
+        if not blocks:
             return None
-        path = rng.choice(files)
+        block = rng.choice(blocks)
         try:
-            size = path.stat().st_size
-            if how == "flip":
-                offset = rng.randrange(size)
-                with open(path, "r+b") as f:
-                    f.seek(offset)
+            with open(block.path, "r+b") as f:
+                if how == "flip":
+                    at = block.offset + rng.randrange(block.slot_bytes)
+                    f.seek(at)
                     byte = f.read(1)
-                    f.seek(offset)
+                    f.seek(at)
                     f.write(bytes([byte[0] ^ (1 << rng.randrange(8))]))
-            elif how == "truncate":
-                os.truncate(path, rng.randrange(size))
-            else:
-                path.unlink()
+                else:
+                    start = rng.randrange(block.slot_bytes) if how == "truncate" else 0
+                    end = block.slot_bytes if how == "truncate" else HEADER_REGION
+                    f.seek(block.offset + start)
+                    f.write(bytes(end - start))
         except OSError:
-            return None  # the engine evicted or replaced it meanwhile
-        return path
+            return None  # the engine's files changed meanwhile
+        return block.id
 
     def corrupt_blocks(self, name: str, damaged: set[Path]) -> list[str]:
-        """Block files of an engine that fail verification, less those the soak damaged.
+        """Blocks of an engine that fail verification, less those the soak damaged.
 
-        Each is checked as a load would: size, header, key (from its name), model
-        (from its directory) and the payload's CRC.
+        Each is checked as a load would: header, key (from its index record), model
+        (from its directory), length and the payload's checksum.
         """
         bad = []
-        for path in self.block_files(name):
-            if path in damaged:
+        for block in self.blocks(name):
+            if block.id in damaged:
                 continue
             try:
-                data = path.read_bytes()
+                with open(block.path, "rb") as f:
+                    f.seek(block.offset)
+                    data = f.read(block.slot_bytes)
+                header = decode_header(data)
                 verify(
                     data,
-                    memoryview(data)[HEADER_REGION:],
-                    key=bytes.fromhex(path.name[: -len(SUFFIX)]),
-                    fingerprint=bytes.fromhex(path.parent.parent.name),
+                    memoryview(data)[HEADER_REGION : HEADER_REGION + header.payload_length],
+                    key=block.key,
+                    fingerprint=bytes.fromhex(block.path.parent.name),
                 )
             except FileNotFoundError:
                 continue
             except (IntegrityError, ValueError) as e:
-                bad.append(f"{path.name}: {e}")
+                bad.append(f"{block.id.name}: {e}")
         return bad
 
     def close(self) -> None:

@@ -1,20 +1,24 @@
 """CPU <-> disk offloading: one handler each way over a ``DiskStore`` and a thread pool.
 
 Runs in the worker process. ``transfer_async`` validates the spec in the caller's
-thread and hands one task per block to the direction's thread pool, so several block
-reads or writes are in flight at once (the system calls release the GIL). A job
-finishes when all its blocks have; ``get_finished`` reports jobs in submission order
-even when the pool finishes them out of order, each with per-job success and, on
-failure, which blocks failed and why. Nothing a job does raises out of the handler.
+thread and hands the job's blocks to the direction's thread pool in stretches: a store
+job in stretches of up to ``MAX_RUN_BYTES``, each written to consecutive slots with one
+``pwritev``; a load job in stretches of blocks that sit in consecutive slots
+(``DiskStore.runs``), each read with one ``preadv``. Several stretches are in flight at
+once (the system calls release the GIL). A job finishes when all its stretches have;
+``get_finished`` reports jobs in submission order even when the pool finishes them out
+of order, each with per-job success and, on failure, which blocks failed and why.
+Nothing a job does raises out of the handler.
 
 Loads and stores have separate pools, so a burst of background write-through stores
 never queues a load (which a request is waiting for) behind it in Python.
 
-The handler keeps no index: a block file is named by its key, which the spec carries,
-and a store's ``DiskLoadStoreSpec.evicted_hashes`` names the blocks the scheduler's
-index dropped to make room. Each store task removes its share of them before it writes
-(reusing one's file for the new block where the sizes match), so the bytes on disk
-never exceed the capacity the index accounts for.
+The handler keeps no index: the store finds a block by its key, which the spec
+carries, and a store's ``DiskLoadStoreSpec.evicted_hashes`` names the blocks the
+scheduler's index dropped to make room. Each store stretch removes its share of them
+before it writes (their slots are then free for it), so the bytes on disk never exceed
+the capacity the index accounts for. A store stretch is all or nothing: a failed one
+leaves none of its blocks behind (no orphans the scheduler does not know of).
 
 After a failed load, the destination CPU pages of that job are undefined (a block
 that failed verification is zero-filled, its siblings may hold good bytes): the
@@ -29,17 +33,24 @@ import numpy as np
 import torch
 
 from kvtier.blocks import Medium
+from kvtier.errors import TransferError
 from kvtier.load_store_specs import DiskLoadStoreSpec
-from kvtier.media.disk import DiskStore
+from kvtier.media.disk import MAX_RUN_BYTES, DiskStore
 from kvtier.worker.handler import TransferSpec
-from kvtier.worker.thread_pool_handler import PooledHandler, Task, host_pages, split_spec
+from kvtier.worker.thread_pool_handler import (
+    MAX_ERRORS_SHOWN,
+    PooledHandler,
+    Task,
+    host_pages,
+    split_spec,
+)
 
 
 class CpuDiskHandler(PooledHandler):
     """CPU->disk (stores) or disk->CPU (loads), finished in submission order.
 
     See ``OffloadingHandler`` for the contract. Build both with
-    ``CpuDiskOffloadingHandlers``. One task per block.
+    ``CpuDiskOffloadingHandlers``. One task per stretch of consecutive slots.
     """
 
     def __init__(
@@ -67,27 +78,49 @@ class CpuDiskHandler(PooledHandler):
         evicted = [bytes(k) for k in disk.evicted_hashes] if self.cpu_to_disk else []
         if not rows and evicted:  # nothing to write: one task still deletes
             return [("evicted blocks", functools.partial(self._delete, evicted))]
-        n = len(rows)
-        # Task i deletes every n-th evicted key from i: one (usually) per block written.
+        if self.cpu_to_disk:  # stretches of the job, each written to consecutive slots
+            per = max(1, MAX_RUN_BYTES // max(1, self._pages.shape[1]))
+            groups = [list(range(i, min(i + per, len(keys)))) for i in range(0, len(keys), per)]
+        else:  # blocks in consecutive slots, each stretch one read
+            groups = self._store.runs(keys)
+        # Each task deletes a contiguous share of the evicted keys, in proportion to its
+        # blocks: blocks the scheduler evicted together (stored together, so in
+        # consecutive slots) free a run for the task that writes next to them.
+        shares, done = [], 0
+        for group in groups:
+            end = round(len(evicted) * (group[-1] + 1) / len(keys)) if keys else len(evicted)
+            shares.append(evicted[done:end])
+            done = end
         return [
             (
-                f"block {key.hex()[:16]}",
-                functools.partial(self._block, key, row, evicted[i::n]),
+                _label([keys[i] for i in group]),
+                functools.partial(
+                    self._blocks, [keys[i] for i in group], [rows[i] for i in group], share
+                ),
             )
-            for i, (key, row) in enumerate(zip(keys, rows, strict=True))
+            for group, share in zip(groups, shares, strict=True)
         ]
 
-    def _block(self, key: bytes, row: int, evicted: list[bytes]) -> int:
-        if self.cpu_to_disk:  # the store reuses an evicted block's file where it can
-            self._store.write(key, self._pages[row], evict=evicted)
+    def _blocks(self, keys: list[bytes], rows: list[int], evicted: list[bytes]) -> int:
+        pages = [self._pages[r] for r in rows]
+        if self.cpu_to_disk:  # all or none; the evicted blocks' slots are free for them
+            self._store.write_blocks(keys, pages, evict=evicted)
         else:
-            self._store.read_into(key, self._pages[row])
-        return int(self._pages.shape[1])
+            failed = self._store.read_blocks(keys, pages)
+            if failed:
+                shown = "; ".join(str(e) for e in failed[:MAX_ERRORS_SHOWN])
+                raise TransferError(f"{len(failed)} of {len(keys)} failed: {shown}")
+        return int(self._pages.shape[1]) * len(keys)
 
     def _delete(self, keys: list[bytes]) -> int:
         for key in keys:
             self._store.delete(key)
         return 0
+
+
+def _label(keys: list[bytes]) -> str:
+    first = f"block {keys[0].hex()[:16]}"
+    return first if len(keys) == 1 else f"{first} and {len(keys) - 1} after it"
 
 
 class CpuDiskOffloadingHandlers:
