@@ -44,6 +44,7 @@ def old_module() -> object:
     spec = importlib.util.spec_from_loader("old_pagecopy", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["old_pagecopy"] = module  # its dataclasses look their module up
     exec(compile(src, "old_pagecopy", "exec"), module.__dict__)
     return module
 
