@@ -6,12 +6,13 @@ one call per block per layer:
 * ``HostPageCopier`` (both sides in host memory: the CPU stand-in). Every fragment and
   the slab are also read as numpy arrays of *rows* (one ``void`` item per page or
   fragment, ``row_items``), so a gather or a scatter (fancy indexing) is one
-  ``memcpy`` per row.
-  Gathers into strided rows (a fragment's columns) use torch's ``index_select(out=)``,
-  which writes them in place (numpy's ``take`` would go through a temporary).
+  ``memcpy`` per row. Every call moves at most ``CHUNK_BYTES`` of one fragment, so
+  the temporary numpy gathers into stays in cache.
 
-  - Runs (the host rows of the job are long consecutive runs): per run and fragment,
-    one call moves the run straight between the fragment and the slab.
+  - Runs (the host rows of the job are long consecutive runs): per run, chunk and
+    fragment, one call moves the rows between the fragment and the run's slab rows.
+    Stores used torch's ``index_select(out=)`` into the slab's strided columns
+    before (see the figures below).
   - Scattered (average run under ``RUN_MIN_BYTES`` per call): per chunk of the job's
     rows (``CHUNK_BYTES`` of each fragment) and fragment, one numpy statement moves
     the rows straight between fragment and slab (``slab_col[c] = frag[g]`` for a
@@ -19,14 +20,18 @@ one call per block per layer:
     stays in cache, then scatters it. No staging buffer laid out like the slab, no
     helper thread.
 
-  Measured on the development VM (2 vCPUs shared with other jobs, load average 7-9;
-  ``benchmarks/hostcopy_ab.py``, 2 layers, random ids, ratio to one plain copy,
-  store / load): 8 KiB x 256 rows 0.63 / 0.75 against 0.06 / 0.13 for the previous
-  two-stage copy (a gather into staging rows, then whole pages into the slab, the
-  second stage overlapped on a helper thread); 8 KiB x 4096 0.47 / 0.45 against
-  0.25 / 0.46; 16 KiB x 256 2.0 / 2.4 against 0.45 / 0.47 (the plain copy starved
-  in that case). One ``ctypes.memmove`` per fragment row measured about the same
-  (0.80 / 0.85, 0.41 / 0.46, 2.2 / 2.3) and costs a Python call per row.
+  Measured side by side with the previous copier (``benchmarks/hostcopy_ab.py``,
+  ``benchmarks/results/hostcopy-ab-vm-20261123T1657Z.json``: 2 layers, ratio to one
+  plain copy, store / load; development VM at load average 5-6, where the plain copy
+  itself ran at 1.2-3.7 GB/s): random ids 8 KiB x 256 rows 3.8 / 3.7 against 0.63 /
+  0.48 before; 8 KiB x 4096 0.52 / 0.55 against 0.36 / 0.45; 16 KiB x 256 2.9 / 2.8
+  against 0.45 / 0.55; 64 KiB x 256 0.69 / 1.37 against 0.49 / 1.09. Contiguous ids
+  (the runs path) stores: 3.0, 0.45, 3.0, 0.55 against 0.11, 0.49, 0.16, 0.30. The
+  previous scattered path went through two staging buffers laid out like the slab
+  (a gather into them, then whole pages into the slab, the second step overlapped
+  on a helper thread: twice the bytes moved, and a second thread that a loaded
+  machine did not give it). One ``ctypes.memmove`` per fragment row measured close
+  to the numpy chunks and costs a Python call per row.
 * ``CudaPageCopier`` (GPU tensors and a pinned slab). A store gathers the job's rows of
   every fragment into a GPU staging buffer laid out exactly like the slab (one
   ``index_select`` per fragment, at HBM speed); a load does the reverse. Between the
@@ -124,12 +129,6 @@ class HostPageCopier:
         self._cpu = [row_items(v) for v in cpu_frags]
         self._page_bytes = int(slab_sub.shape[1])
         self._frag_bytes = max(frag_bytes)
-        # Gathers of runs into a fragment's columns of the slab (strided rows) go
-        # through torch, which writes them in place; numpy's ``take`` would copy
-        # through a temporary.
-        dtype = word_dtype(*gpu_frags, *cpu_frags)
-        self._gpu_words = [as_words(f, dtype) for f in gpu_frags]
-        self._cpu_words = [as_words(v, dtype) for v in cpu_frags]
 
     def copy(self, plan: RowPlan, gpu_to_cpu: bool) -> tuple[int, Any]:
         """Run the job now; returns ``(bytes moved, None)``."""
@@ -146,16 +145,16 @@ class HostPageCopier:
         """Nothing to release (the copier holds no thread)."""
 
     def _copy_runs(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
-        rows_t = torch.from_numpy(plan.gpu_rows)
+        step = max(1, CHUNK_BYTES // self._frag_bytes)
         for start, first, length in plan.cpu_runs:
-            if gpu_to_cpu:
-                rows = rows_t[start : start + length]
-                for gpu_w, cpu_w in zip(self._gpu_words, self._cpu_words, strict=True):
-                    torch.index_select(gpu_w, 0, rows, out=cpu_w[first : first + length])
-            else:
-                rows_np = plan.gpu_rows[start : start + length]
+            for s in range(0, length, step):
+                e = min(length, s + step)
+                rows = plan.gpu_rows[start + s : start + e]
                 for gpu, cpu in zip(self._gpu, self._cpu, strict=True):
-                    gpu[rows_np] = cpu[first : first + length]
+                    if gpu_to_cpu:
+                        cpu[first + s : first + e] = gpu[rows]
+                    else:
+                        gpu[rows] = cpu[first + s : first + e]
 
     def _copy_scattered(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
         g, c = plan.gpu_rows, plan.cpu_rows
