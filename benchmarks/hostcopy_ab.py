@@ -1,15 +1,21 @@
 """Old and new host page copier side by side in one run (CPU stand-in of GPU<->CPU).
 
 Run from the repository root: ``PYTHONPATH=src python benchmarks/hostcopy_ab.py
-[repeats] [out.json]``. "old" is ``HostPageCopier`` as of commit c996f9d (torch
-``index_select``/``index_copy_``, two-pass chunks for scattered rows), loaded from git;
-"new" is the working tree's. Each value is a plain torch ``copy_`` of the job's bytes
-divided by the copier's time for the job (higher is better), median of ``repeats``
-round-robin passes; 2 layers (4 fragments), GPU ids random.
+[repeats] [out.json]``. "old" is ``HostPageCopier`` as of commit 1dbccb5 (scattered
+rows through two staging buffers laid out like the slab, gather and scatter overlapped
+on a helper thread), loaded from git; "new" is the working tree's (scattered rows
+moved straight between fragment and slab, per fragment and ~256 KiB chunk, by numpy).
+"memmove" is a third candidate: one ``ctypes.memmove`` per fragment row, addresses
+computed before timing, first checked to leave exactly the bytes the copier leaves.
+Each value is a plain torch
+``copy_`` of the job's bytes divided by the copier's time for the job (higher is
+better), median of ``repeats`` round-robin passes; 2 layers (4 fragments), GPU ids
+random.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
 import statistics
@@ -25,7 +31,7 @@ from kvtier.bench.report import git_commit, machine_info
 from kvtier.worker import pagecopy as new
 from kvtier.worker.blockmap import RowPlan, consecutive_runs
 
-OLD_COMMIT = "c996f9d"
+OLD_COMMIT = "1dbccb5"
 
 
 def old_module() -> object:
@@ -38,8 +44,60 @@ def old_module() -> object:
     spec = importlib.util.spec_from_loader("old_pagecopy", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["old_pagecopy"] = module  # its dataclasses look their module up
     exec(compile(src, "old_pagecopy", "exec"), module.__dict__)
     return module
+
+
+def one_pass_memmove(
+    frags: list[torch.Tensor], slab: torch.Tensor, plan: RowPlan
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Store and load with one ``memmove`` per fragment row (addresses precomputed)."""
+    page, size, base = int(frags[0].shape[1]), int(slab.shape[1]), slab.data_ptr()
+    rows = zip(plan.gpu_rows.tolist(), plan.cpu_rows.tolist(), strict=True)
+    pairs = [
+        (base + c * size + i * page, f.data_ptr() + g * page)
+        for g, c in rows
+        for i, f in enumerate(frags)
+    ]
+    move = ctypes.memmove
+
+    def store() -> None:
+        for dst, src in pairs:
+            move(dst, src, page)
+
+    def load() -> None:
+        for dst, src in pairs:
+            move(src, dst, page)
+
+    return store, load
+
+
+def check_same_bytes(
+    copier: object,
+    plan: RowPlan,
+    frags: list[torch.Tensor],
+    slab: torch.Tensor,
+    candidates: dict[str, tuple[Callable[[], None], Callable[[], None]]],
+) -> None:
+    """Each candidate leaves the slab (store) and the fragments (load) exactly as the
+    copier does; the slab and fragments are restored afterwards."""
+    slab0, frags0 = slab.clone(), [f.clone() for f in frags]
+    copier.copy(plan, True)  # type: ignore[attr-defined]
+    want_slab = slab.clone()
+    copier.copy(plan, False)  # type: ignore[attr-defined]
+    want_frags = [f.clone() for f in frags]
+    for name, (store, load) in candidates.items():
+        slab.copy_(slab0)
+        store()
+        assert torch.equal(slab, want_slab), f"{name} store differs"
+        for f, f0 in zip(frags, frags0, strict=True):
+            f.copy_(f0)
+        load()
+        assert all(torch.equal(f, w) for f, w in zip(frags, want_frags, strict=True)), name
+    slab.copy_(slab0)
+    for f, f0 in zip(frags, frags0, strict=True):
+        f.copy_(f0)
 
 
 def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dict[str, object]:
@@ -57,6 +115,8 @@ def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dic
     plan = RowPlan(gpu, cpu, consecutive_runs(cpu))
     a = old.HostPageCopier(frags, slab)  # type: ignore[attr-defined]
     b = new.HostPageCopier(frags, slab)
+    mm_g2c, mm_c2g = one_pass_memmove(frags, slab, plan)
+    check_same_bytes(b, plan, frags, slab, {"memmove": (mm_g2c, mm_c2g)})
     src = torch.ones(blocks * size, dtype=torch.uint8)
     dst = torch.empty_like(src)
     fns: dict[str, Callable[[], object]] = {
@@ -65,6 +125,8 @@ def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dic
         "new_g2c": lambda: b.copy(plan, True),
         "old_c2g": lambda: a.copy(plan, False),
         "new_c2g": lambda: b.copy(plan, False),
+        "memmove_g2c": mm_g2c,
+        "memmove_c2g": mm_c2g,
     }
     for fn in fns.values():
         fn()

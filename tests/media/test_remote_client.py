@@ -12,7 +12,7 @@ import pytest
 from redis.connection import Encoder, PythonRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from kvtier.media.redis_client import BlockValue, ReplyReader, ValuePacker
+from kvtier.media.redis_client import BlockValue, ReplyReader, ValuePacker, send_buffers
 
 
 def joined(chunks: list) -> bytes:
@@ -81,3 +81,31 @@ def test_reader_reads_lines_and_values_across_any_split(step: int) -> None:
         reader.line()  # the peer closed
     t.join()
     sock.close()
+
+
+def test_send_buffers_sends_every_byte_in_order_through_partial_sends() -> None:
+    rng = np.random.default_rng(1)
+    # More buffers than one sendmsg takes (IOV_MAX), some empty, and far more bytes
+    # than a socket buffer holds: sendmsg returns part-way through a buffer.
+    buffers: list[bytes | memoryview] = []
+    for i in range(3000):
+        n = 0 if i % 97 == 0 else int(rng.integers(1, 2000))
+        buffers.append(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    big = rng.integers(0, 256, 3 << 20, dtype=np.uint8)
+    buffers.insert(1500, big.data.cast("B"))
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    a.settimeout(10.0)  # as redis-py's sockets: non-blocking inside, so sends are partial
+    got = bytearray()
+
+    def drain() -> None:
+        while chunk := b.recv(5000):
+            got.extend(chunk)
+
+    t = threading.Thread(target=drain)
+    t.start()
+    send_buffers(a, buffers)
+    a.close()
+    t.join()
+    b.close()
+    assert got == joined(buffers)

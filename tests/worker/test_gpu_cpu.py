@@ -35,16 +35,17 @@ def sub_blocks(handlers: CpuGpuOffloadingHandlers) -> np.ndarray:
     return handlers.host_slab.tensor.view(-1, page).cpu().numpy().copy()
 
 
-COPY_PATHS = ["runs", "staged", "staged-1-row-chunks"]
+COPY_PATHS = ["runs", "runs-1-row-chunks", "staged", "staged-1-row-chunks"]
 
 
 def force_copy_path(mp: pytest.MonkeyPatch, path: str) -> None:
-    """Make every job take one copy strategy; one-row chunks make the staged path
-    reuse each of its two staging buffers many times within one job."""
-    staged = path != "runs"
+    """Make every job take one copy strategy: run by run, or staged (scattered rows:
+    through a bounce buffer on CUDA, chunk by chunk on the host). One-row chunks make
+    the host copier split every run and every job into many calls."""
+    staged = path.startswith("staged")
     mp.setattr(pagecopy, "RUN_MIN_BYTES", 1 << 60 if staged else 0)
     mp.setattr(pagecopy, "MAX_DIRECT_RUNS", 0 if staged else 1 << 60)
-    if path == "staged-1-row-chunks":
+    if path.endswith("1-row-chunks"):
         mp.setattr(pagecopy, "CHUNK_BYTES", 1)
 
 

@@ -9,12 +9,18 @@ Single-node connections also get ``ValuePacker`` as their command packer, so tha
 block value (``BlockValue``: header + the CPU page itself) goes to the socket without
 being copied: redis-py's own packers copy a large value two or three times (into one
 ``bytes``, then into one protocol buffer), which cost a third of the store bandwidth.
-redis-py's cluster client does not pass a packer through to its nodes, so on a cluster
-the value is joined into one ``bytes`` first.
+The store's own data path (``kvtier.media.remote_values``) skips redis-py's pipeline
+altogether on a single node: it packs with ``ValuePacker``, writes a whole batch with
+``send_buffers`` (one ``sendmsg`` per batch where the kernel takes it all) and reads
+the replies with ``ReplyReader``. redis-py's cluster client does not pass a packer
+through to its nodes, so on a cluster the value is joined into one ``bytes`` first.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -161,6 +167,36 @@ def _encode(arg: Any) -> bytes | memoryview:
     if isinstance(arg, (int, float)) and not isinstance(arg, bool):
         return repr(arg).encode()
     raise TypeError(f"cannot send a {type(arg).__name__} to Redis")
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def send_buffers(sock: socket.socket, buffers: list[bytes | memoryview]) -> None:
+    """Write every buffer to ``sock``, in order, none of them copied.
+
+    One ``sendmsg`` takes as many buffers as the kernel allows (``IOV_MAX``) and
+    sends what its socket buffer holds; a partial send resumes where it stopped.
+    redis-py writes each buffer with its own ``sendall``: three system calls per
+    value, each handing the GIL back and forth. A TLS socket has no ``sendmsg``; it
+    gets one ``sendall`` per buffer.
+
+    Raises:
+        OSError: the socket failed or timed out (``socket.timeout``).
+    """
+    if isinstance(sock, ssl.SSLSocket):
+        for b in buffers:
+            sock.sendall(b)
+        return
+    views = [memoryview(b).cast("B") for b in buffers]
+    i = 0
+    while i < len(views):
+        sent = sock.sendmsg(views[i : i + _IOV_MAX])
+        while i < len(views) and sent >= views[i].nbytes:
+            sent -= views[i].nbytes
+            i += 1
+        if sent:
+            views[i] = views[i][sent:]
 
 
 class ReplyReader:

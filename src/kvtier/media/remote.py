@@ -39,7 +39,7 @@ from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike
 from kvtier.media.circuit_breaker import CircuitBreaker, Health
 from kvtier.media.redis_client import BlockValue, RemoteOptions, make_client
-from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages
+from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages, set_from_pages
 
 __all__ = ["LAYOUT_VERSION", "ReadOutcome", "RemoteOptions", "RemoteStore"]
 
@@ -162,12 +162,17 @@ class RemoteStore:
         arrays = [_as_array(p) for p in payloads]
         px = None if self.options.ttl_s is None else max(1, round(self.options.ttl_s * 1000))
         for chunk in self._chunks([a.nbytes for a in arrays]):
+            if self.options.cluster:
 
-            def queue(pipe: Any, chunk: range = chunk) -> None:
-                for i in chunk:
-                    pipe.set(names[i], self._value(keys[i], arrays[i]), px=px)
+                def queue(pipe: Any, chunk: range = chunk) -> None:
+                    for i in chunk:
+                        pipe.set(names[i], self._joined(keys[i], arrays[i]), px=px)
 
-            refused = [r for r in self._execute(queue) if isinstance(r, Exception)]
+                results = self._execute(queue)
+            else:
+                batch = [(names[i], self._value(keys[i], arrays[i])) for i in chunk]
+                results = self._run(partial(set_from_pages, batch=batch, px=px))
+            refused = [r for r in results if isinstance(r, Exception)]
             if refused:
                 raise TransferError(f"{len(refused)} of {len(chunk)} values refused: {refused[0]}")
 
@@ -237,11 +242,14 @@ class RemoteStore:
 
     # -- internals -------------------------------------------------------------------
 
-    def _value(self, key: bytes, data: np.ndarray) -> BlockValue | bytes:
-        """The value to send: the page itself where the client sends it uncopied."""
+    def _value(self, key: bytes, data: np.ndarray) -> BlockValue:
+        """The value to send: its header and the page itself (uncopied)."""
         payload = data.data.cast("B")
-        value = BlockValue(block_format.encode_header(key, self.fingerprint, payload), payload)
-        return value.joined() if self.options.cluster else value
+        return BlockValue(block_format.encode_header(key, self.fingerprint, payload), payload)
+
+    def _joined(self, key: bytes, data: np.ndarray) -> bytes:
+        """The value as one ``bytes``, for redis-py's cluster client (it has no packer)."""
+        return self._value(key, data).joined()
 
     def _chunks(self, sizes: Sequence[int]) -> Iterator[range]:
         """Consecutive index ranges of at most ``batch_bytes`` (at least one item each)."""

@@ -5,25 +5,33 @@ one call per block per layer:
 
 * ``HostPageCopier`` (both sides in host memory: the CPU stand-in). Every fragment and
   the slab are also read as numpy arrays of *rows* (one ``void`` item per page or
-  fragment, ``row_items``), so a scatter (fancy assignment) or a gather into
-  contiguous rows (``np.take``) is one ``memcpy`` per row with the GIL released.
-  Gathers into strided rows (a fragment's columns) use torch's ``index_select(out=)``,
-  which writes them in place (numpy's ``take`` would go through a temporary).
+  fragment, ``row_items``), so a gather or a scatter (fancy indexing) is one
+  ``memcpy`` per row. Every call moves at most ``CHUNK_BYTES`` of one fragment, so
+  the temporary numpy gathers into stays in cache.
 
-  - Runs (the host rows of the job are long consecutive runs): per run and fragment,
-    one call moves the run straight between the fragment and the slab.
-  - Staged (scattered host rows, average run under ``RUN_MIN_BYTES`` per call): the
-    job goes through two staging buffers of ~``CHUNK_BYTES`` laid out like slab rows.
-    A store gathers each fragment's rows of a chunk into a staging buffer (one call
-    per fragment), then scatters its whole multi-layer pages into the slab (one call);
-    a load gathers whole pages from the slab, then scatters them into the fragments.
-    The second step of chunk ``i`` runs on a helper thread while the lane's thread
-    does the first step of chunk ``i + 1`` (double buffering), so gather and copy
-    overlap, and the staging buffers stay in cache.
+  - Runs (the host rows of the job are long consecutive runs): per run, chunk and
+    fragment, one call moves the rows between the fragment and the run's slab rows.
+    Stores used torch's ``index_select(out=)`` into the slab's strided columns
+    before (see the figures below).
+  - Scattered (average run under ``RUN_MIN_BYTES`` per call): per chunk of the job's
+    rows (``CHUNK_BYTES`` of each fragment) and fragment, one numpy statement moves
+    the rows straight between fragment and slab (``slab_col[c] = frag[g]`` for a
+    store, the reverse for a load): numpy gathers into a chunk-sized temporary that
+    stays in cache, then scatters it. No staging buffer laid out like the slab, no
+    helper thread.
 
-  Measured on the development VM (one core each, 8 KiB pages): numpy row gathers
-  1.8 GB/s, row scatters 2.4-4.3, a plain ``memcpy`` 2.9-3.2, and torch's
-  ``index_copy_`` (the previous scatter) 0.8-1.7.
+  Measured side by side with the previous copier (``benchmarks/hostcopy_ab.py``,
+  ``benchmarks/results/hostcopy-ab-vm-20261123T1657Z.json``: 2 layers, ratio to one
+  plain copy, store / load; development VM at load average 5-6, where the plain copy
+  itself ran at 1.2-3.7 GB/s): random ids 8 KiB x 256 rows 3.8 / 3.7 against 0.63 /
+  0.48 before; 8 KiB x 4096 0.52 / 0.55 against 0.36 / 0.45; 16 KiB x 256 2.9 / 2.8
+  against 0.45 / 0.55; 64 KiB x 256 0.69 / 1.37 against 0.49 / 1.09. Contiguous ids
+  (the runs path) stores: 3.0, 0.45, 3.0, 0.55 against 0.11, 0.49, 0.16, 0.30. The
+  previous scattered path went through two staging buffers laid out like the slab
+  (a gather into them, then whole pages into the slab, the second step overlapped
+  on a helper thread: twice the bytes moved, and a second thread that a loaded
+  machine did not give it). One ``ctypes.memmove`` per fragment row measured close
+  to the numpy chunks and costs a Python call per row.
 * ``CudaPageCopier`` (GPU tensors and a pinned slab). A store gathers the job's rows of
   every fragment into a GPU staging buffer laid out exactly like the slab (one
   ``index_select`` per fragment, at HBM speed); a load does the reverse. Between the
@@ -41,7 +49,6 @@ on the GPU, and through whole rows on the host.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +59,14 @@ from kvtier.worker.blockmap import RowPlan
 from kvtier.worker.kv_view import as_words, word_dtype
 
 RUN_MIN_BYTES = 64 * 1024
-"""Average bytes per call below which scattered runs go through the staging buffers."""
+"""Average bytes per call below which scattered rows are copied chunk by chunk."""
 
 MAX_DIRECT_RUNS = 2
 """Jobs with at most this many host runs always copy run by run (never staged)."""
 
-CHUNK_BYTES = 1024 * 1024
-"""Bytes of one staging buffer (two of them: they stay in L2/L3)."""
+CHUNK_BYTES = 256 * 1024
+"""Bytes of one fragment's rows per call on the scattered path (the temporary numpy
+gathers them into stays in L2)."""
 
 
 def slab_fragments(slab_sub: torch.Tensor, frag_bytes: Sequence[int]) -> list[torch.Tensor]:
@@ -109,34 +117,8 @@ def scattered(plan: RowPlan, bytes_per_row_call: int) -> bool:
     return runs > MAX_DIRECT_RUNS and len(plan) * bytes_per_row_call // runs < RUN_MIN_BYTES
 
 
-def _two_stage(
-    helper: ThreadPoolExecutor,
-    chunks: Sequence[tuple[int, int]],
-    first: Callable[[int, int, int], None],
-    second: Callable[[int, int, int], None],
-) -> None:
-    """``first(start, end, buffer)`` here, then ``second`` on ``helper``, overlapped.
-
-    Chunk ``i`` uses staging buffer ``i % 2``; ``first`` of a chunk waits until the
-    ``second`` of the chunk before last (same buffer) is done. Errors propagate.
-    """
-    pending: list[Future[None] | None] = [None, None]
-    try:
-        for i, (start, end) in enumerate(chunks):
-            b = i % 2
-            if (job := pending[b]) is not None:
-                job.result()
-            first(start, end, b)
-            pending[b] = helper.submit(second, start, end, b)
-    finally:
-        for job in pending:
-            if job is not None:
-                job.result()
-
-
 class HostPageCopier:
-    """Copies between host-resident fragments and the slab, in the calling thread
-    (and one helper thread of its own for the staged path)."""
+    """Copies between host-resident fragments and the slab, in the calling thread."""
 
     def __init__(self, gpu_frags: Sequence[torch.Tensor], slab_sub: torch.Tensor) -> None:
         """Args: gpu_frags: ``(num_gpu_blocks, frag_bytes)`` uint8 views; slab_sub:
@@ -145,25 +127,8 @@ class HostPageCopier:
         cpu_frags = slab_fragments(slab_sub, frag_bytes)
         self._gpu = [row_items(f) for f in gpu_frags]
         self._cpu = [row_items(v) for v in cpu_frags]
-        self._slab = row_items(slab_sub)
         self._page_bytes = int(slab_sub.shape[1])
-        step = max(1, CHUNK_BYTES // self._page_bytes)
-        self._staging = [torch.empty((step, self._page_bytes), dtype=torch.uint8) for _ in "ab"]
-        self._stage_rows = [row_items(t) for t in self._staging]
-        self._stage_cols = [
-            [row_items(v) for v in slab_fragments(t, frag_bytes)] for t in self._staging
-        ]
-        # Gathers into strided rows (a fragment's columns of the slab or of a staging
-        # buffer) go through torch, which writes them in place; numpy's ``take`` would
-        # copy through a temporary.
-        stage_frags = [v for t in self._staging for v in slab_fragments(t, frag_bytes)]
-        dtype = word_dtype(*gpu_frags, *cpu_frags, *stage_frags)
-        self._gpu_words = [as_words(f, dtype) for f in gpu_frags]
-        self._cpu_words = [as_words(v, dtype) for v in cpu_frags]
-        self._stage_words = [
-            [as_words(v, dtype) for v in slab_fragments(t, frag_bytes)] for t in self._staging
-        ]
-        self._helper: ThreadPoolExecutor | None = None
+        self._frag_bytes = max(frag_bytes)
 
     def copy(self, plan: RowPlan, gpu_to_cpu: bool) -> tuple[int, Any]:
         """Run the job now; returns ``(bytes moved, None)``."""
@@ -171,56 +136,36 @@ class HostPageCopier:
         if n == 0:
             return 0, None
         if scattered(plan, self._page_bytes // len(self._gpu)):
-            self._copy_staged(plan, gpu_to_cpu)
+            self._copy_scattered(plan, gpu_to_cpu)
         else:
             self._copy_runs(plan, gpu_to_cpu)
         return n * self._page_bytes, None
 
     def close(self) -> None:
-        """Stop the helper thread (idempotent); a later staged copy starts a new one."""
-        if self._helper is not None:
-            self._helper.shutdown()
-            self._helper = None
+        """Nothing to release (the copier holds no thread)."""
 
     def _copy_runs(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
-        rows_t = torch.from_numpy(plan.gpu_rows)
+        step = max(1, CHUNK_BYTES // self._frag_bytes)
         for start, first, length in plan.cpu_runs:
-            if gpu_to_cpu:
-                rows = rows_t[start : start + length]
-                for gpu_w, cpu_w in zip(self._gpu_words, self._cpu_words, strict=True):
-                    torch.index_select(gpu_w, 0, rows, out=cpu_w[first : first + length])
-            else:
-                rows_np = plan.gpu_rows[start : start + length]
+            for s in range(0, length, step):
+                e = min(length, s + step)
+                rows = plan.gpu_rows[start + s : start + e]
                 for gpu, cpu in zip(self._gpu, self._cpu, strict=True):
-                    gpu[rows_np] = cpu[first : first + length]
+                    if gpu_to_cpu:
+                        cpu[first + s : first + e] = gpu[rows]
+                    else:
+                        gpu[rows] = cpu[first + s : first + e]
 
-    def _copy_staged(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
+    def _copy_scattered(self, plan: RowPlan, gpu_to_cpu: bool) -> None:
         g, c = plan.gpu_rows, plan.cpu_rows
-        g_t = torch.from_numpy(g)
-        rows, cols = self._stage_rows, self._stage_cols
-
-        def gather_frags(s: int, e: int, b: int) -> None:
-            for gpu_w, col_w in zip(self._gpu_words, self._stage_words[b], strict=True):
-                torch.index_select(gpu_w, 0, g_t[s:e], out=col_w[: e - s])
-
-        def scatter_pages(s: int, e: int, b: int) -> None:
-            self._slab[c[s:e]] = rows[b][: e - s]
-
-        def gather_pages(s: int, e: int, b: int) -> None:
-            np.take(self._slab, c[s:e], out=rows[b][: e - s], mode="clip")
-
-        def scatter_frags(s: int, e: int, b: int) -> None:
-            for gpu, col in zip(self._gpu, cols[b], strict=True):
-                gpu[g[s:e]] = col[: e - s]
-
-        if self._helper is None:
-            self._helper = ThreadPoolExecutor(1, thread_name_prefix="kvtier-pagecopy")
-        step = len(rows[0])
-        chunks = [(s, min(s + step, len(plan))) for s in range(0, len(plan), step)]
-        if gpu_to_cpu:
-            _two_stage(self._helper, chunks, gather_frags, scatter_pages)
-        else:
-            _two_stage(self._helper, chunks, gather_pages, scatter_frags)
+        step = max(1, CHUNK_BYTES // self._frag_bytes)
+        for s in range(0, len(plan), step):
+            gs, cs = g[s : s + step], c[s : s + step]
+            for gpu, cpu in zip(self._gpu, self._cpu, strict=True):
+                if gpu_to_cpu:
+                    cpu[cs] = gpu[gs]
+                else:
+                    gpu[gs] = cpu[cs]
 
 
 class CudaPageCopier:

@@ -1,0 +1,140 @@
+"""Remote stores, old and new write path side by side in one run, against redis-benchmark.
+
+Run from the repository root: ``PYTHONPATH=src python benchmarks/remote_write_ab.py
+[repeats] [out.json] [value bytes]``. Starts its own ``redis-server`` (as ``kvtier bench
+remote`` does). ``--total``-like 128 MiB of values per pass, written by ``threads``
+Python threads, each taking batches of ``depth`` values (as the CPU->remote handler's
+I/O threads take jobs):
+
+* ``redispy``: the previous path, redis-py's pipeline with ``ValuePacker`` (header
+  and page as their own buffers, one ``sendall`` per buffer, hiredis for replies);
+* ``sendmsg``: ``RemoteStore.write_many`` now (``set_from_pages``: one ``sendmsg`` per
+  batch, replies read by ``ReplyReader``).
+
+Both checksum and frame every value the same way. The reference is ``redis-benchmark
+-t set -d <size> -c 4 -r <values>`` at ``-P 8`` and ``-P 1``; passes alternate after one
+warm-up round. Also recorded: the client's and the server's CPU seconds per wall
+second of each pass (``process_time`` and the server's ``INFO cpu``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import redis
+
+from kvtier.bench.remote import local_server, redis_benchmark
+from kvtier.bench.report import git_commit, machine_info
+from kvtier.media.redis_client import RemoteOptions
+from kvtier.media.remote import RemoteStore
+
+TOTAL = 128 << 20
+SETTINGS = ((4, 8), (2, 8), (1, 16))
+"""(threads, values per batch) of each pass."""
+
+Write = Callable[[list[bytes], list[np.ndarray]], object]
+
+
+def redispy_write(store: RemoteStore) -> Write:
+    """The write path before this change: one redis-py pipeline per batch."""
+
+    def write(keys: list[bytes], pages: list[np.ndarray]) -> None:
+        def queue(pipe: Any) -> None:
+            for k, p in zip(keys, pages, strict=True):
+                pipe.set(store.redis_key(k), store._value(k, p))
+
+        results = store._execute(queue)
+        assert not any(isinstance(r, Exception) for r in results), results
+
+    return write
+
+
+def timed(
+    write: Write, keys: list[bytes], pages: np.ndarray, threads: int, depth: int, url: str
+) -> dict[str, float]:
+    jobs = iter([range(s, min(s + depth, len(keys))) for s in range(0, len(keys), depth)])
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                job = next(jobs, None)
+            if job is None:
+                return
+            write([keys[i] for i in job], [pages[i] for i in job])
+
+    def server_cpu() -> float:
+        with redis.Redis.from_url(url) as c:
+            info = c.info("cpu")
+        return float(info["used_cpu_sys"] + info["used_cpu_user"])
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    s0, c0, t0 = server_cpu(), time.process_time(), time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {
+        "gbps": len(keys) * pages.shape[1] / wall / 1e9,
+        "client_cpu": (time.process_time() - c0) / wall,
+        "server_cpu": (server_cpu() - s0) / wall,
+    }
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    out = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/remote-write-ab.json"
+    size = int(sys.argv[3]) if len(sys.argv) > 3 else 256 << 10
+    count = TOTAL // size
+    pages = np.random.default_rng(0).integers(0, 256, (count, size), dtype=np.uint8)
+    keys = [i.to_bytes(32, "big") for i in range(count)]
+    load_before = os.getloadavg()
+    with local_server(4 * TOTAL) as url:
+        options = RemoteOptions(url=url, max_connections=16, timeout_s=30.0)
+        store = RemoteStore.open(b"\x07" * 32, options, environ={})
+        paths: dict[str, Write] = {"redispy": redispy_write(store), "sendmsg": store.write_many}
+        runs: dict[str, list[dict[str, float]]] = {}
+        for rep in range(repeats + 1):
+            for threads, depth in SETTINGS:
+                for name, write in paths.items():
+                    got = timed(write, keys, pages, threads, depth, url)
+                    if rep:
+                        runs.setdefault(f"{name} t{threads} d{depth}", []).append(got)
+            for p in (8, 1):
+                rate = redis_benchmark(url, size, count, p, 4, keyspace=True)["set"] / 1e9
+                if rep:
+                    runs.setdefault(f"redis-benchmark -P {p}", []).append({"gbps": rate})
+        store.close()
+    ref = max(statistics.median(r["gbps"] for r in runs[f"redis-benchmark -P {p}"]) for p in (8, 1))
+    rows = []
+    for name, got in runs.items():
+        row: dict[str, Any] = {"pass": name}
+        for k in got[0]:
+            row[k] = round(statistics.median(r[k] for r in got), 3)
+        row["ratio"] = round(row["gbps"] / ref, 3)
+        rows.append(row)
+        print(f"{name:22} " + " ".join(f"{k} {v}" for k, v in row.items() if k != "pass"))
+    result = {
+        "benchmark": "remote_write_ab",
+        "machine": machine_info(),
+        "commit": git_commit(),
+        "config": {"value_bytes": size, "bytes_per_pass": TOTAL, "repeats": repeats},
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "rows": rows,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

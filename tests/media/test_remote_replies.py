@@ -1,0 +1,185 @@
+"""RemoteStore against a server whose replies are wrong: a garbled, cut-short or
+refusing reply to ``SET`` or ``GET`` fails the batch and is counted by the breaker
+(a refusal is not an outage), and never leaves plausible bytes in a page.
+
+The server here is a few lines of RESP over a loopback socket: it answers every
+command ``+OK`` except the one under test, whose reply the test scripts. The real
+server's behaviour is tested in ``test_remote.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from kvtier.errors import TransferError
+from kvtier.media import block_format
+from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+
+FP = b"\x55" * 32
+BLOCK = 4096
+
+Reply = Callable[[int], bytes | None]
+"""The reply to the n-th scripted command (from 0); ``None`` closes the connection."""
+
+
+class ScriptedServer:
+    """Answers ``HELLO`` with RESP3 and ``+OK`` to every other command but ``command``,
+    whose replies ``reply`` gives."""
+
+    def __init__(self, command: bytes, reply: Reply) -> None:
+        self.command, self.reply = command, reply
+        self.received: list[list[bytes]] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        scripted = 0
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with conn:
+                stream = conn.makefile("rb")
+                while (args := _read_command(stream)) is not None:
+                    self.received.append(args)
+                    if args[0].upper() == b"HELLO":  # redis-py speaks RESP3
+                        conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                        continue
+                    if args[0].upper() != self.command:
+                        conn.sendall(b"+OK\r\n")
+                        continue
+                    out = self.reply(scripted)
+                    scripted += 1
+                    if out is None:
+                        break
+                    conn.sendall(out)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _read_command(stream: object) -> list[bytes] | None:
+    line = stream.readline()  # type: ignore[attr-defined]
+    if not line:
+        return None
+    assert line.startswith(b"*"), line
+    args = []
+    for _ in range(int(line[1:])):
+        size = int(stream.readline()[1:])  # type: ignore[attr-defined]
+        args.append(stream.read(size + 2)[:-2])  # type: ignore[attr-defined]
+    return args
+
+
+@pytest.fixture
+def last_server() -> list[ScriptedServer]:
+    return []
+
+
+@pytest.fixture
+def serve(last_server: list[ScriptedServer]) -> Iterator[Callable[[bytes, Reply], RemoteStore]]:
+    servers = last_server
+    stores: list[RemoteStore] = []
+
+    def make(command: bytes, reply: Reply) -> RemoteStore:
+        servers.append(ScriptedServer(command, reply))
+        options = RemoteOptions(url=servers[-1].url, timeout_s=2.0)
+        stores.append(RemoteStore.open(FP, options, environ={}))
+        return stores[-1]
+
+    yield make
+    for s in stores:
+        s.close()
+    for server in servers:
+        server.close()
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 32
+
+
+def pages(n: int) -> list[np.ndarray]:
+    return [np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b":1\r\n",  # an integer
+        b"$2\r\nOK\r\n",  # a bulk string
+        b"+QUEUED\r\n",  # another status
+        b"+O",  # cut short, then closed
+        None,  # closed before any reply
+    ],
+)
+def test_a_wrong_reply_to_set_fails_the_batch_and_is_an_outage(
+    serve: Callable[[bytes, Reply], RemoteStore], bad: bytes | None
+) -> None:
+    store = serve(b"SET", lambda n: b"+OK\r\n" if n != 2 else bad)
+    with pytest.raises(TransferError, match="remote store failed"):
+        store.write_many([key(i) for i in range(4)], pages(4))
+    assert not store.healthy
+    assert store.outages == 1
+
+
+def test_a_refused_set_fails_the_batch_but_not_the_store(
+    serve: Callable[[bytes, Reply], RemoteStore],
+) -> None:
+    oom = b"-OOM command not allowed when used memory > 'maxmemory'.\r\n"
+    store = serve(b"SET", lambda n: oom if n in (1, 3) else b"+OK\r\n")
+    with pytest.raises(TransferError, match="2 of 4 values refused: OOM command not allowed"):
+        store.write_many([key(i) for i in range(4)], pages(4))
+    assert store.healthy
+    store.write_many([key(9)], pages(1))  # the connection is still in step
+
+
+def test_every_value_of_a_batch_reaches_the_server_whole(
+    serve: Callable[[bytes, Reply], RemoteStore], last_server: list[ScriptedServer]
+) -> None:
+    store = serve(b"SET", lambda n: b"+OK\r\n")
+    data = pages(5)
+    store.write_many([key(i) for i in range(5)], data)
+    sets = [args for args in last_server[0].received if args[0] == b"SET"]
+    assert [args[1] for args in sets] == [store.redis_key(key(i)) for i in range(5)]
+    for i, args in enumerate(sets):
+        assert len(args) == 3  # no TTL asked for
+        value = memoryview(args[2])
+        size = len(args[2]) - BLOCK
+        block_format.verify(value[:size], value[size:], key=key(i), fingerprint=FP)
+        assert bytes(value[size:]) == data[i].tobytes()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"$%d\r\nshort" % (BLOCK + 200),  # a value cut short, then closed
+        b"*1\r\n$1\r\nx\r\n",  # an array
+        b"+OK\r\n",  # a status
+        None,  # closed
+    ],
+)
+def test_a_wrong_reply_to_get_fails_and_leaves_every_page_zeroed(
+    serve: Callable[[bytes, Reply], RemoteStore], bad: bytes | None
+) -> None:
+    store = serve(b"GET", lambda n: b"$-1\r\n" if n == 0 else bad)
+    outs = [np.full(BLOCK, 0xAB, dtype=np.uint8) for _ in range(3)]
+    with pytest.raises(TransferError, match="remote store failed"):
+        store.read_many_into([key(i) for i in range(3)], outs)
+    assert not any(o.any() for o in outs)
+    assert not store.healthy
+    assert store.outages == 1
+
+
+def test_a_miss_reply_is_a_miss(serve: Callable[[bytes, Reply], RemoteStore]) -> None:
+    store = serve(b"GET", lambda n: b"$-1\r\n")
+    outs = [np.full(BLOCK, 0xAB, dtype=np.uint8) for _ in range(2)]
+    assert store.read_many_into([key(1), key(2)], outs) == [ReadOutcome.MISS] * 2
+    assert not any(o.any() for o in outs)
+    assert store.healthy
