@@ -167,7 +167,12 @@ def main() -> None:
         "benchmark": "hung_redis",
         "commit": git_commit(),
         "machine": machine_info(),
-        "config": {**vars(args), "out": str(args.out), "model": dataclasses.asdict(MODEL), "page": PAGE},
+        "config": {
+            **vars(args),
+            "out": str(args.out),
+            "model": dataclasses.asdict(MODEL),
+            "page": PAGE,
+        },
         "same_tokens": same,
         "results": results,
     }
