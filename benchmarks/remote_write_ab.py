@@ -13,15 +13,21 @@ I/O threads take jobs):
 
 Both checksum and frame every value the same way. The reference is ``redis-benchmark
 -t set -d <size> -c 4 -r <values>`` at ``-P 8`` and ``-P 1``; passes alternate after one
-warm-up round. Also recorded: the client's and the server's CPU seconds per wall
-second of each pass (``process_time`` and the server's ``INFO cpu``).
+warm-up round. Also recorded, for every pass (redis-benchmark's too): the client's and
+the server's CPU seconds per wall second (``process_time`` or the child's ``rusage``,
+and the server's ``INFO cpu``), and the same per GB stored, which says what each side
+costs the two cores it shares with the server whatever else the machine is running.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -31,14 +37,16 @@ from typing import Any
 import numpy as np
 import redis
 
-from kvtier.bench.remote import local_server, redis_benchmark
+from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
 from kvtier.media.redis_client import RemoteOptions
 from kvtier.media.remote import RemoteStore
 
 TOTAL = 128 << 20
-SETTINGS = ((4, 8), (2, 8), (1, 16))
-"""(threads, values per batch) of each pass."""
+SETTINGS = tuple(
+    tuple(map(int, s.split("x"))) for s in os.environ.get("AB_SETTINGS", "4x8,2x8,1x16").split(",")
+)
+"""(threads, values per batch) of each pass; ``AB_SETTINGS=4x8,4x1`` chooses others."""
 
 Write = Callable[[list[bytes], list[np.ndarray]], object]
 
@@ -57,6 +65,36 @@ def redispy_write(store: RemoteStore) -> Write:
     return write
 
 
+def server_cpu(url: str) -> float:
+    """CPU seconds the server has used (``INFO cpu``)."""
+    with redis.Redis.from_url(url) as c:
+        info = c.info("cpu")
+    return float(info["used_cpu_sys"] + info["used_cpu_user"])
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's waited-for children (redis-benchmark)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def measured(run: Callable[[], object], nbytes: int, url: str) -> dict[str, float]:
+    """GB/s of ``run()`` and the client's and server's CPU, per wall second and per GB."""
+    s0, c0, t0 = server_cpu(url), time.process_time() + children_cpu(), time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    client = time.process_time() + children_cpu() - c0
+    server = server_cpu(url) - s0
+    gb = nbytes / 1e9
+    return {
+        "gbps": gb / wall,
+        "client_cpu": client / wall,
+        "server_cpu": server / wall,
+        "client_cpu_s_per_gb": client / gb,
+        "server_cpu_s_per_gb": server / gb,
+    }
+
+
 def timed(
     write: Write, keys: list[bytes], pages: np.ndarray, threads: int, depth: int, url: str
 ) -> dict[str, float]:
@@ -71,23 +109,26 @@ def timed(
                 return
             write([keys[i] for i in job], [pages[i] for i in job])
 
-    def server_cpu() -> float:
-        with redis.Redis.from_url(url) as c:
-            info = c.info("cpu")
-        return float(info["used_cpu_sys"] + info["used_cpu_user"])
+    def run() -> None:
+        pool = [threading.Thread(target=worker) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
 
-    pool = [threading.Thread(target=worker) for _ in range(threads)]
-    s0, c0, t0 = server_cpu(), time.process_time(), time.perf_counter()
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    wall = time.perf_counter() - t0
-    return {
-        "gbps": len(keys) * pages.shape[1] / wall / 1e9,
-        "client_cpu": (time.process_time() - c0) / wall,
-        "server_cpu": (server_cpu() - s0) / wall,
-    }
+    return measured(run, len(keys) * pages.shape[1], url)
+
+
+def redis_benchmark_set(url: str, size: int, count: int, pipeline: int) -> float:
+    """``redis-benchmark -t set`` over ``count`` keys, 4 connections (as ``kvtier bench
+    remote`` runs it, without its ``GET`` pass, so that its CPU is the stores' alone);
+    payload GB/s by its own clock (its start-up not counted)."""
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", port, "-d", str(size), "-t", "set"]
+    cmd += ["-P", str(pipeline), "-c", "4", "-n", str(count), "-r", str(count), "--csv"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    (row,) = csv.DictReader(io.StringIO(out))
+    return float(row["rps"]) * size / 1e9
 
 
 def main() -> None:
@@ -110,9 +151,15 @@ def main() -> None:
                     if rep:
                         runs.setdefault(f"{name} t{threads} d{depth}", []).append(got)
             for p in (8, 1):
-                rate = redis_benchmark(url, size, count, p, 4, keyspace=True)["set"] / 1e9
+                rate: list[float] = []
+                got = measured(
+                    lambda p=p, r=rate: r.append(redis_benchmark_set(url, size, count, p)),
+                    TOTAL,
+                    url,
+                )
+                got["gbps"] = rate[0]  # by its own clock; CPU per wall s by ours
                 if rep:
-                    runs.setdefault(f"redis-benchmark -P {p}", []).append({"gbps": rate})
+                    runs.setdefault(f"redis-benchmark -P {p}", []).append(got)
         store.close()
     ref = max(statistics.median(r["gbps"] for r in runs[f"redis-benchmark -P {p}"]) for p in (8, 1))
     rows = []
