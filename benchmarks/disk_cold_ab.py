@@ -94,6 +94,7 @@ class Fixture:
         for job in self.jobs:  # one store job each: consecutive slots
             self.store.write_blocks([self.keys[i] for i in job], [self.rows[i] for i in job])
         self.handlers: dict[int, CpuDiskOffloadingHandlers] = {}
+        self.pools: dict[int, ThreadPoolExecutor] = {}  # raw's, kept like the handlers'
         self.job_id = 0
 
     def order(self, shuffled: bool) -> list[list[int]]:
@@ -141,15 +142,17 @@ class Fixture:
                 buffers += [regions[n], self.rows[i]]
             os.preadv(fd, buffers, offset)
 
+        pool = self.pools.setdefault(threads, ThreadPoolExecutor(threads))
         try:
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(read, runs))
+            list(pool.map(read, runs))
         finally:
             os.close(fd)
 
     def close(self) -> None:
         for h in self.handlers.values():
             h.shutdown()
+        for pool in self.pools.values():
+            pool.shutdown()
         self.store.close()
 
 
