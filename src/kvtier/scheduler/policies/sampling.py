@@ -44,5 +44,6 @@ def sample_rate(capacity: int) -> int:
 
 
 def is_sampled(keys: Sequence[BlockHash], mask: int) -> bool:
-    """Whether a request of ``keys`` (not empty) is sampled at rate ``mask + 1``."""
-    return not crc32(keys[0]) & mask
+    """Whether a request of ``keys`` (not empty) is sampled at rate ``mask + 1``
+    (always at rate 1, without hashing)."""
+    return not mask or not crc32(keys[0]) & mask
