@@ -135,11 +135,16 @@ class _InStep(SegmentedPolicy):
         self._kept: RecencyList[BlockHash] = RecencyList()
         self._extra: RecencyList[BlockHash] = RecencyList()
         super().__init__(capacity, (self._extra, self._kept))
+        self._leader = leader
         self._holds = leader.resident
 
     @property
-    def sizes(self) -> tuple[int, int]:
+    def sizes(self) -> tuple[int, ...]:
         return len(self._extra), len(self._kept)
+
+    @property
+    def follows(self) -> str:
+        return self._leader.policy.name
 
     def follow(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
         """The leading shadow evicted and stored these keys."""
@@ -155,6 +160,7 @@ class _InStep(SegmentedPolicy):
 
     def lead(self, leader: _Shadow) -> None:
         """Split the tier's blocks anew into kept and extra for a new leader."""
+        self._leader = leader
         holds = self._holds = leader.resident
         kept, extra = self._kept, self._extra
         for key in [key for key in kept.ordered() if key not in holds]:
@@ -209,6 +215,15 @@ class _Rebuilt(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self._resident)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        sizes: tuple[int, ...] = getattr(self.policy, "sizes", (len(self.policy),))
+        return sizes
+
+    @property
+    def follows(self) -> str:
+        return self.policy.name
 
     def follow(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
         """A sampled shadow's moves say nothing about most of the tier's blocks."""
@@ -293,10 +308,16 @@ class LeaderPolicy(EvictionPolicy):
         return self._shadows[self._leader].policy.name
 
     @property
-    def sizes(self) -> tuple[int, int]:
-        """``(|extra|, |kept|)`` of a tier in step (full-size shadows), for tests."""
-        assert isinstance(self._tier, _InStep)
+    def sizes(self) -> tuple[int, ...]:
+        """For tests and diagnostics: ``(|extra|, |kept|)`` of a tier in step; else the
+        leader's instance's ``sizes`` (its length for LRU)."""
         return self._tier.sizes
+
+    @property
+    def follows(self) -> str:
+        """The name of the policy whose order the tier's blocks are in (a sampled tier
+        takes a new leader's on at its next search for victims)."""
+        return self._tier.follows
 
     @property
     def sample_rate(self) -> int:
