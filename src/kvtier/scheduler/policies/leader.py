@@ -4,34 +4,39 @@ Runs in the scheduler; pure Python. No fixed policy wins everywhere (``docs/simu
 LRU is best when every block's next use is near (chat turns, re-asked documents), ARC
 or a segmented LRU when most blocks are used once and the reused ones come back from
 far. This policy runs each of them, unchanged, as a keys-only *shadow* of the tier and
-makes the tier hold what the best shadow of the moment holds::
+makes the tier follow the best shadow of the moment::
 
     observe(keys) ──► each shadow (a real lru / arc / slru policy over keys only)
                       serves the request as the manager would: prefix hit counted,
                       resident keys used, missing keys stored (its own evictions)
-    the tier's blocks ──► kept  (the leader shadow holds it)   evicted last, by recency
-                     └──► extra (the leader shadow evicted it)  evicted first, in the
-                                                                order the leader evicted
 
 It follows LRU first. After each window of ``max(WINDOW_MIN, capacity // WINDOW_DIV)``
-looked-up keys every shadow's score is decayed by ``DECAY`` and its prefix hits are added; the
-tier follows the shadow with the best score, switching only when it beats the current
-leader's by the share ``MARGIN`` (a switch re-sorts the tier's blocks into kept and
-extra: O(capacity), at most once per window, so O(``WINDOW_DIV``) per looked-up key
-amortized). Tuned on the 13 workloads of
-``benchmarks/policy_cells.py`` (``docs/simulate.md``).
+looked-up keys every shadow's score is decayed by ``DECAY`` and its prefix hits are
+added; the tier follows the shadow with the best score, switching only when it beats
+the current leader's by the share ``MARGIN``. Tuned on the 13 workloads of
+``benchmarks/policy_cells.py`` (``docs/simulate.md``). How the tier follows depends
+on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
 
-Cost: every request is served by three full-size shadows at lookup (29-45x LRU's
-lookup per block; touch up to 2.2x, store with eviction up to 1.5x, ``docs/simulate.md``);
-sampling them for large tiers is not done yet: a sampled shadow cannot say which of
-the tier's blocks its policy holds, so the tier could not follow it in step.
+* **In step** (R = 1, ``_InStep``): the shadows are the tier's size and see every
+  request. The tier's blocks sit in two recency lists, *kept* (the leading shadow
+  holds the block) and *extra* (it evicted it); victims come from extra first. The
+  manager calls ``observe`` at lookup, before it touches or stores the request's
+  blocks, so the leader has already evicted what the tier will: the tier's victims
+  are exactly the leader's. A switch re-sorts the blocks into kept and extra:
+  O(capacity), at most once per window.
+* **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
+  1 request in R (SHARDS), so they cost about 3/R of a full shadow per looked-up key,
+  but cannot say which of the tier's blocks the leader would hold. The tier keeps its
+  blocks in a real instance of the leader's policy instead; at a switch, at the next
+  search for victims, a new instance of the new leader's policy gets the tier's
+  blocks, held ones first, then the others in the old instance's eviction order (as
+  if each had been stored once, in that order: no ghosts, nothing protected yet).
+  O(capacity), at most once per window; touch and eviction cost the policy's own
+  plus a set of the tier's keys.
 
-The manager calls ``observe`` at lookup, before it touches or stores the
-request's blocks, so the leader has already evicted what the tier will: in step, the
-tier's victims are exactly the leader's, and its hits are the leader's hits.
-
-Eviction cost: both lists are ``RecencyList``s (held blocks are parked), so it is
-proportional to the blocks evicted, not to the blocks pinned.
+Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
+proportional to the blocks evicted, not to the blocks pinned (a rebuilt instance
+parks the held blocks again at its first search: O(held) once per switch).
 """
 
 from __future__ import annotations
@@ -234,7 +239,7 @@ class _Rebuilt(EvictionPolicy):
         self._next = None if cls is type(self.policy) else cls
 
     def _rebuild(self, cls: type[EvictionPolicy], is_held: IsHeld) -> None:
-        held = sorted(key for key in self._resident if is_held(key))  # a fixed order
+        held = sorted(filter(is_held, self._resident))  # sorted: a fixed order
         free = len(self._resident) - len(held)
         order = self.policy.choose_victims(free, is_held, (), ()) if free else []
         assert order is not None, "every block that is not held can be evicted"
