@@ -7,7 +7,9 @@ be from the same commit's cell run). Variants:
 
 * ``rebuilt_r1``: the sampled mode's tier (a real instance of the leader's policy,
   rebuilt at a switch) at every capacity, with full-size shadows (R = 1);
-* ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys.
+* ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys;
+* ``margin_<x>``, ``decay_<x>``: another ``MARGIN`` or ``DECAY``;
+* ``first_<n>``: the first decision after ``n`` windows.
 
 Run from the repository root::
 
@@ -40,6 +42,19 @@ def _patch(variant: str) -> None:
             self._tier = leader._Rebuilt(capacity, self._shadows[self._leader])
 
         leader.LeaderPolicy.__init__ = rebuilt  # type: ignore[method-assign]
+    elif variant.startswith("first_"):  # the first decision after n windows
+        windows = int(variant.removeprefix("first_"))
+        init = leader.LeaderPolicy.__init__
+
+        def later(self: leader.LeaderPolicy, capacity: int) -> None:
+            init(self, capacity)
+            self._left = windows * self._window
+
+        leader.LeaderPolicy.__init__ = later  # type: ignore[method-assign]
+    elif variant.startswith("margin_"):
+        leader.MARGIN = float(variant.removeprefix("margin_"))
+    elif variant.startswith("decay_"):
+        leader.DECAY = float(variant.removeprefix("decay_"))
     elif variant.startswith("sampled_"):
         sampling.FULL_SHADOWS_BELOW = 0
         sampling.SAMPLED_SHADOW_BLOCKS = int(variant.removeprefix("sampled_"))
