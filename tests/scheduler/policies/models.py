@@ -464,8 +464,10 @@ class LeaderModel(EvictionPolicy):
 
 
 def _leader_model(capacity: int) -> EvictionPolicy:
-    """The model with the policy's tuned constants (read, not shared, from the module)."""
-    from kvtier.scheduler.policies import leader
+    """The model with the policy's tuned constants (read, not shared, from the module)
+    and its sampling rate (R = 1 for every capacity the suites use, unless a test
+    lowers ``sampling``'s thresholds)."""
+    from kvtier.scheduler.policies import leader, sampling
 
     return LeaderModel(
         capacity,
@@ -473,6 +475,7 @@ def _leader_model(capacity: int) -> EvictionPolicy:
         window=leader.WINDOW_MIN,
         decay=leader.DECAY,
         margin=leader.MARGIN,
+        rate=sampling.sample_rate(capacity),
     )
 
 

@@ -225,3 +225,13 @@ def test_a_switch_back_before_any_eviction_keeps_the_instance(
         *keys[6:],
         *keys[:3],
     ]
+
+
+def test_a_sampled_tier_ignores_a_touch_of_an_absent_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the in-step tier does, whichever policy leads (LRU's own list would raise)."""
+    _small_samples(monkeypatch)
+    policy = LeaderPolicy(8)
+    policy.add_all([_k(1), _k(2)])
+    policy.touch(_k(9), True)
+    policy.touch(_k(1), True)
+    assert policy.choose_victims(2, lambda key: False, (), ()) == [_k(2), _k(1)]

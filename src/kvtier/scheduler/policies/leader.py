@@ -257,7 +257,8 @@ class _Rebuilt(EvictionPolicy):
         self.policy.add_all(keys)
 
     def touch(self, key: BlockHash, reused: bool) -> None:
-        self.policy.touch(key, reused)
+        if key in self._resident:  # an absent key is ignored, whatever the leader
+            self.policy.touch(key, reused)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
         self.policy.touch_all(keys, storing)
