@@ -35,6 +35,7 @@ and so the models':
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Collection, Sequence
 
 from kvtier.blocks import BlockHash
@@ -304,45 +305,73 @@ class _ShadowModel:
 class LeaderModel(EvictionPolicy):
     """Follow the leader among LRU, ARC and SLRU (``policies/leader.py``), plainly.
 
-    Three shadow models see every looked-up request and serve it as the manager would.
-    The tier's blocks are in ``kept`` (the leading shadow holds them) or ``extra`` (it
-    does not), each a recency list; victims come from extra, then kept, coldest first.
-    A block the leader evicts moves from kept to extra's MRU end; one it stores moves
-    back. Every ``window`` looked-up keys, or every quarter of the capacity when that is
-    more, the scores are decayed and the shadows' hits added; the first best score takes
-    the lead when it exceeds the leader's by the margin, and the tier's blocks are
-    re-split in list order.
+    Three shadow models serve looked-up requests as the manager would. At ``rate``
+    1 they see every request, at the tier's capacity, and the tier follows the leader
+    in step: its blocks are in ``kept`` (the leading shadow holds them) or ``extra``
+    (it does not), each a recency list; victims come from extra, then kept, coldest
+    first. A block the leader evicts moves from kept to extra's MRU end; one it
+    stores moves back.
+
+    At ``rate`` R > 1 the shadows hold ``capacity // R`` keys and see only the
+    requests whose first key's CRC-32 is 0 mod R, and the tier is a model of the
+    leading policy itself. After a switch, at the next search for victims, a new
+    model of the new leader's policy gets the tier's held blocks (sorted by key),
+    then the others in the old model's eviction order.
+
+    Every ``window`` looked-up keys, or every quarter of the capacity when that is
+    more (divided by R: sampled keys), the scores are decayed and the shadows' hits
+    added; the first best score takes the lead when it exceeds the leader's by the
+    margin (in step, the tier's blocks are then re-split in list order).
     """
 
     name = "leader"
 
     def __init__(
-        self, capacity: int, *, start: int, window: int, decay: float, margin: float
+        self,
+        capacity: int,
+        *,
+        start: int,
+        window: int,
+        decay: float,
+        margin: float,
+        rate: int = 1,
     ) -> None:
         super().__init__(capacity)
-        self.shadows = [_ShadowModel(cls(capacity)) for cls in (LRUModel, ARCModel, SLRUModel)]
+        self.rate = rate
+        self.shadows = [
+            _ShadowModel(cls(capacity // rate)) for cls in (LRUModel, ARCModel, SLRUModel)
+        ]
         self.scores = [0.0, 0.0, 0.0]
         self.leader = start
-        self.window = max(window, capacity // 4)
+        self.window = max(1, max(window, capacity // 4) // rate)
         self.left = self.window
         self.decay = decay
         self.margin = margin
         self.kept: list[BlockHash] = []
         self.extra: list[BlockHash] = []
+        self.tier = (LRUModel, ARCModel, SLRUModel)[start](capacity)
+        self.resident: list[BlockHash] = []
+        self.pending: int | None = None  # the leader the sampled tier has not taken on
 
     def __len__(self) -> int:
-        return len(self.kept) + len(self.extra)
+        return len(self.resident) if self.rate > 1 else len(self.kept) + len(self.extra)
 
     @property
-    def sizes(self) -> tuple[int, int]:
+    def sizes(self) -> tuple[int, ...]:
+        if self.rate > 1:
+            return getattr(self.tier, "sizes", (len(self.tier),))
         return len(self.extra), len(self.kept)
 
+    @property
+    def follows(self) -> str:
+        return self.tier.name if self.rate > 1 else self.shadows[self.leader].model.name
+
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        if not keys:
+        if not keys or zlib.crc32(keys[0]) % self.rate != 0:
             return
         for i, shadow in enumerate(self.shadows):
             evicted, stored = shadow.serve(keys)
-            if i != self.leader:
+            if i != self.leader or self.rate > 1:
                 continue
             for key in evicted:
                 if key in self.kept:
@@ -360,29 +389,42 @@ class LeaderModel(EvictionPolicy):
             best = self.scores.index(max(self.scores))
             if self.scores[best] > self.scores[self.leader] * (1 + self.margin):
                 self.leader = best
-                holds = self.shadows[best].resident
-                leaving = [key for key in self.kept if key not in holds]
-                self.kept = [key for key in self.kept if key in holds]
-                self.extra += leaving
-                joining = [key for key in self.extra if key in holds]
-                self.extra = [key for key in self.extra if key not in holds]
-                self.kept += joining
+                if self.rate > 1:
+                    self.pending = best
+                else:
+                    holds = self.shadows[best].resident
+                    leaving = [key for key in self.kept if key not in holds]
+                    self.kept = [key for key in self.kept if key in holds]
+                    self.extra += leaving
+                    joining = [key for key in self.extra if key in holds]
+                    self.extra = [key for key in self.extra if key not in holds]
+                    self.kept += joining
             self.left = self.window
 
     def add(self, key: BlockHash) -> None:
-        assert key not in self.kept and key not in self.extra
-        if key in self.shadows[self.leader].resident:
+        assert key not in self.kept and key not in self.extra and key not in self.resident
+        if self.rate > 1:
+            self.resident.append(key)
+            self.tier.add(key)
+        elif key in self.shadows[self.leader].resident:
             self.kept.append(key)
         else:
             self.extra.append(key)
 
     def touch(self, key: BlockHash, reused: bool) -> None:
+        if self.rate > 1:
+            self.tier.touch(key, reused)
+            return
         for segment in (self.kept, self.extra):
             if key in segment:
                 _to_mru(segment, key)
 
     def remove(self, key: BlockHash) -> None:
-        (self.kept if key in self.kept else self.extra).remove(key)
+        if self.rate > 1:
+            self.resident.remove(key)
+            self.tier.remove(key)
+        else:
+            (self.kept if key in self.kept else self.extra).remove(key)
 
     def release(self, key: BlockHash) -> None:
         pass
@@ -394,19 +436,38 @@ class LeaderModel(EvictionPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
+        if self.rate > 1:
+            if self.pending is not None:
+                if self.pending != (LRUModel, ARCModel, SLRUModel).index(type(self.tier)):
+                    held = sorted(key for key in self.resident if is_held(key))
+                    free = len(self.resident) - len(held)
+                    order = self.tier.choose_victims(free, is_held, (), ()) if free else []
+                    assert order is not None
+                    self.tier = (LRUModel, ARCModel, SLRUModel)[self.pending](self.capacity)
+                    for key in held + order:
+                        self.tier.add(key)
+                self.pending = None
+            return self.tier.choose_victims(n, is_held, protected, incoming)
         candidates = _evictable(self.extra, is_held, protected) + _evictable(
             self.kept, is_held, protected
         )
         return candidates[:n] if len(candidates) >= n else None
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
+        if self.rate > 1:
+            for key in victims:
+                self.resident.remove(key)
+            self.tier.evict(victims)
+            return
         for key in victims:
             self.remove(key)
 
 
 def _leader_model(capacity: int) -> EvictionPolicy:
-    """The model with the policy's tuned constants (read, not shared, from the module)."""
-    from kvtier.scheduler.policies import leader
+    """The model with the policy's tuned constants (read, not shared, from the module)
+    and its sampling rate (R = 1 for every capacity the suites use, unless a test
+    lowers ``sampling``'s thresholds)."""
+    from kvtier.scheduler.policies import leader, sampling
 
     return LeaderModel(
         capacity,
@@ -414,6 +475,7 @@ def _leader_model(capacity: int) -> EvictionPolicy:
         window=leader.WINDOW_MIN,
         decay=leader.DECAY,
         margin=leader.MARGIN,
+        rate=sampling.sample_rate(capacity),
     )
 
 

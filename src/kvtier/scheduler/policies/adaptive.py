@@ -13,16 +13,15 @@ share, by *set-dueling* (Qureshi et al., ISCA'07) with *spatially sampled shadow
 (SHARDS, Waldspurger et al., FAST'15)::
 
     every reference ──► the tier (probation + protected, protected ≤ share × capacity)
-         │ key sampled (1 in R, by its first byte)
+         │ request sampled (1 in R, by its first key)
          └──► shadow SLRU caches of capacity/R, one per candidate share, keys only
               each counts its hits; every ``window`` sampled references the tier
               takes the share of the shadow with the most (decayed) hits
 
-A reference is a store (``add``) or a use (``touch`` with ``reused``). ``R`` is the
-largest power of two <= capacity / 512 (at most 256), so each shadow holds at least
-~512 keys and the shadows cost a few percent of the work; tiers under 1,024 blocks
-run full-size shadows (R = 1). Sampling by the key's first byte is uniform for
-kvtier's SHA-256 keys and for trace ids (little-endian integers).
+A reference is a store (``add``) or a use (``touch`` with ``reused``). ``R`` is
+``sampling.sample_rate(capacity)``: 1 (full-size shadows) under 65,536 blocks, else
+the largest power of two that leaves each shadow at least 8,192 keys (at most 256);
+a request is sampled by a CRC-32 of its first key (``sampling.is_sampled``).
 
 When the share shrinks, protected holds more than its share; until it is back
 within it, each victim is the older, by last use, of the two lists' coldest blocks
@@ -37,20 +36,14 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict, deque
 from collections.abc import Collection, Sequence
-from zlib import crc32
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
+from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.slru import GHOST_FACTOR, PROTECTED_SHARE, SegmentedLRUPolicy
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9)
 """Candidate protected shares (0.0 is LRU, 0.9 is ``slru``)."""
-
-FULL_SHADOWS_BELOW = 65536
-"""Tiers smaller than this run full-size shadows; larger ones sample requests."""
-
-SAMPLED_SHADOW_BLOCKS = 8192
-"""Keys a sampled shadow holds at least."""
 
 WINDOW_FACTOR = 1
 """Sampled references between decisions, as a multiple of a shadow's capacity."""
@@ -149,10 +142,7 @@ class AdaptivePolicy(SegmentedLRUPolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        rate = 1
-        if capacity >= FULL_SHADOWS_BELOW:
-            while rate < 256 and capacity // (2 * rate) >= SAMPLED_SHADOW_BLOCKS:
-                rate *= 2
+        rate = sample_rate(capacity)
         self._mask = rate - 1
         shadow_cap = max(1, capacity // rate)
         self._shadows = tuple(_Shadow(shadow_cap, share) for share in SHARES)
@@ -172,7 +162,7 @@ class AdaptivePolicy(SegmentedLRUPolicy):
         return SHARES[self._leader]
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        if keys and not crc32(keys[0]) & self._mask:
+        if keys and is_sampled(keys, self._mask):
             for shadow in self._shadows:
                 shadow.request(keys)
             self._left -= len(keys)

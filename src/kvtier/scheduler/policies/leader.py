@@ -4,45 +4,52 @@ Runs in the scheduler; pure Python. No fixed policy wins everywhere (``docs/simu
 LRU is best when every block's next use is near (chat turns, re-asked documents), ARC
 or a segmented LRU when most blocks are used once and the reused ones come back from
 far. This policy runs each of them, unchanged, as a keys-only *shadow* of the tier and
-makes the tier hold what the best shadow of the moment holds::
+makes the tier follow the best shadow of the moment::
 
     observe(keys) ──► each shadow (a real lru / arc / slru policy over keys only)
                       serves the request as the manager would: prefix hit counted,
                       resident keys used, missing keys stored (its own evictions)
-    the tier's blocks ──► kept  (the leader shadow holds it)   evicted last, by recency
-                     └──► extra (the leader shadow evicted it)  evicted first, in the
-                                                                order the leader evicted
 
 It follows LRU first. After each window of ``max(WINDOW_MIN, capacity // WINDOW_DIV)``
-looked-up keys every shadow's score is decayed by ``DECAY`` and its prefix hits are added; the
-tier follows the shadow with the best score, switching only when it beats the current
-leader's by the share ``MARGIN`` (a switch re-sorts the tier's blocks into kept and
-extra: O(capacity), at most once per window, so O(``WINDOW_DIV``) per looked-up key
-amortized). Tuned on the 13 workloads of
-``benchmarks/policy_cells.py`` (``docs/simulate.md``).
+looked-up keys every shadow's score is decayed by ``DECAY`` and its prefix hits are
+added; the tier follows the shadow with the best score, switching only when it beats
+the current leader's by the share ``MARGIN``. Tuned on the 13 workloads of
+``benchmarks/policy_cells.py`` (``docs/simulate.md``). How the tier follows depends
+on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
 
-Cost: every request is served by three full-size shadows at lookup (29-45x LRU's
-lookup per block; touch up to 2.2x, store with eviction up to 1.5x, ``docs/simulate.md``);
-sampling them for large tiers is not done yet: a sampled shadow cannot say which of
-the tier's blocks its policy holds, so the tier could not follow it in step.
+* **In step** (R = 1, ``_InStep``): the shadows are the tier's size and see every
+  request. The tier's blocks sit in two recency lists, *kept* (the leading shadow
+  holds the block) and *extra* (it evicted it); victims come from extra first. The
+  manager calls ``observe`` at lookup, before it touches or stores the request's
+  blocks, so the leader has already evicted what the tier will: the tier's victims
+  are exactly the leader's. A switch re-sorts the blocks into kept and extra:
+  O(capacity), at most once per window.
+* **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
+  1 request in R (SHARDS), so they cost about 3/R of a full shadow per looked-up key,
+  but cannot say which of the tier's blocks the leader would hold. The tier keeps its
+  blocks in a real instance of the leader's policy instead; at a switch, at the next
+  search for victims, a new instance of the new leader's policy gets the tier's
+  blocks, held ones first, then the others in the old instance's eviction order (as
+  if each had been stored once, in that order: no ghosts, nothing protected yet).
+  O(capacity), at most once per window; touch and eviction cost the policy's own
+  plus a set of the tier's keys.
 
-The manager calls ``observe`` at lookup, before it touches or stores the
-request's blocks, so the leader has already evicted what the tier will: in step, the
-tier's victims are exactly the leader's, and its hits are the leader's hits.
-
-Eviction cost: both lists are ``RecencyList``s (held blocks are parked), so it is
-proportional to the blocks evicted, not to the blocks pinned.
+Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
+proportional to the blocks evicted, not to the blocks pinned (a rebuilt instance
+parks the held blocks again at its first search: O(held) once per switch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from itertools import filterfalse, takewhile
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
+from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 
@@ -66,6 +73,8 @@ WINDOW_DIV = 4
 shows late is followed sooner: windows of a whole capacity cost the synthetic trace
 0.06 points at 25 % and 0.11 at 50 % (``docs/simulate.md``)."""
 
+_NONE_STORING: frozenset[BlockHash] = frozenset()
+
 
 def _never_held(key: BlockHash) -> bool:
     return False
@@ -83,27 +92,31 @@ class _Shadow:
         self.hits = 0
 
     def request(self, keys: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
-        """Serve one lookup; return ``(evicted, stored)`` keys."""
+        """Serve one lookup; return ``(evicted, stored)`` keys.
+
+        As the manager serves it: the prefix hit is counted, every resident key is
+        used (the first key last), the missing keys are stored (evicting, but never
+        the request's own keys), and the resident keys are touched again (recency
+        only for the stored ones). Batch calls: C-level passes where they can be.
+        """
         resident, policy = self.resident, self.policy
-        hit = 0
-        for key in keys:
-            if key not in resident:
-                break
-            hit += 1
+        if all(map(resident.__contains__, keys)):  # the usual case at a hit: all resident
+            self.hits += len(keys)
+            policy.touch_all(keys[::-1], _NONE_STORING)
+            return [], []
+        hit = len(list(takewhile(resident.__contains__, keys)))
         self.hits += hit
-        touch = policy.touch
-        for key in reversed(keys):
-            if key in resident:
-                touch(key, True)
+        used = list(filter(resident.__contains__, reversed(keys)))
+        if used:
+            policy.touch_all(used, _NONE_STORING)
         rest = keys[hit:]
-        to_store = [key for key in dict.fromkeys(rest) if key not in resident]
+        to_store = list(filterfalse(resident.__contains__, dict.fromkeys(rest)))
         evicted: list[BlockHash] = []
         if not to_store or len(to_store) > self.capacity:
             return evicted, []
         need = len(resident) + len(to_store) - self.capacity
         if need > 0:
-            protected = set(rest)
-            victims = policy.choose_victims(need, _never_held, protected, to_store)
+            victims = policy.choose_victims(need, _never_held, set(rest), to_store)
             if victims is None:
                 return evicted, []
             policy.evict(victims)
@@ -111,71 +124,49 @@ class _Shadow:
             evicted = victims
         policy.add_all(to_store)
         resident.update(to_store)
-        stored = set(to_store)
-        for key in reversed(keys):
-            if key in resident:
-                touch(key, key not in stored)
+        policy.touch_all(list(filter(resident.__contains__, reversed(keys))), set(to_store))
         return evicted, to_store
 
 
-class LeaderPolicy(SegmentedPolicy):
-    """The tier follows whichever of LRU, ARC and SLRU has hit most lately."""
+class _InStep(SegmentedPolicy):
+    """The tier's blocks in two recency lists, driven by a full-size leading shadow.
 
-    name = "leader"
+    *kept*: the leading shadow holds the block; *extra*: it evicted it (or never
+    stored it). Victims come from extra first, so in step with the leader the tier
+    evicts exactly the leader's victims.
+    """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, leader: _Shadow) -> None:
         self._kept: RecencyList[BlockHash] = RecencyList()
         self._extra: RecencyList[BlockHash] = RecencyList()
         super().__init__(capacity, (self._extra, self._kept))
-        self._shadows = tuple(_Shadow(cls, capacity) for cls in CANDIDATES)
-        self._scores = [0.0] * len(self._shadows)
-        self._leader = START
-        self._window = max(WINDOW_MIN, capacity // WINDOW_DIV)
-        self._left = self._window
+        self._leader = leader
+        self._holds = leader.resident
 
     @property
-    def leader(self) -> str:
-        """The name of the policy the tier follows now."""
-        return self._shadows[self._leader].policy.name
-
-    @property
-    def sizes(self) -> tuple[int, int]:
-        """``(|extra|, |kept|)``, for tests and diagnostics."""
+    def sizes(self) -> tuple[int, ...]:
         return len(self._extra), len(self._kept)
 
-    def observe(self, keys: Sequence[BlockHash]) -> None:
-        if not keys:
-            return
+    @property
+    def follows(self) -> str:
+        return self._leader.policy.name
+
+    def follow(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
+        """The leading shadow evicted and stored these keys."""
         kept, extra = self._kept, self._extra
-        for i, shadow in enumerate(self._shadows):
-            evicted, stored = shadow.request(keys)
-            if i == self._leader:
-                for key in evicted:
-                    if key in kept:
-                        kept.remove(key)
-                        extra.add(key)
-                for key in stored:
-                    if key in extra:
-                        extra.remove(key)
-                        kept.add(key)
-        self._left -= len(keys)
-        if self._left <= 0:
-            self._decide()
+        for key in evicted:
+            if key in kept:
+                kept.remove(key)
+                extra.add(key)
+        for key in stored:
+            if key in extra:
+                extra.remove(key)
+                kept.add(key)
 
-    def _decide(self) -> None:
-        scores = self._scores
-        for i, shadow in enumerate(self._shadows):
-            scores[i] = scores[i] * DECAY + shadow.hits
-            shadow.hits = 0
-        best = max(range(len(scores)), key=scores.__getitem__)
-        if scores[best] > scores[self._leader] * (1 + MARGIN):
-            self._leader = best
-            self._resort()
-        self._left = self._window
-
-    def _resort(self) -> None:
-        """Split the tier's blocks anew into kept and extra for the new leader."""
-        holds = self._shadows[self._leader].resident
+    def lead(self, leader: _Shadow) -> None:
+        """Split the tier's blocks anew into kept and extra for a new leader."""
+        self._leader = leader
+        holds = self._holds = leader.resident
         kept, extra = self._kept, self._extra
         for key in [key for key in kept.ordered() if key not in holds]:
             kept.remove(key)
@@ -185,7 +176,7 @@ class LeaderPolicy(SegmentedPolicy):
             kept.add(key)
 
     def add(self, key: BlockHash) -> None:
-        if key in self._shadows[self._leader].resident:
+        if key in self._holds:
             self._kept.add(key)
         else:
             self._extra.add(key)
@@ -206,5 +197,193 @@ class LeaderPolicy(SegmentedPolicy):
         return self._coldest_in_order(n, is_held, protected, (self._extra, self._kept))
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        for key in victims:
-            self.remove(key)
+        self.remove_all(victims)
+
+
+class _Rebuilt(EvictionPolicy):
+    """The tier's blocks in a real instance of the leader's policy, rebuilt on a switch.
+
+    A switch takes effect at the next search for victims (the first call that can say
+    which blocks are held): the new leader's instance gets the tier's held blocks
+    (in the order they were added), then the others in the old instance's eviction
+    order. So it starts as a tier of that policy that has seen each block once: LRU in
+    the old eviction order, ARC with all in T1, SLRU with all on probation, no ghosts;
+    the held blocks are parked again at its first search. O(capacity), at most once
+    per decision window.
+    """
+
+    def __init__(self, capacity: int, leader: _Shadow) -> None:
+        super().__init__(capacity)
+        self.policy = type(leader.policy)(capacity)
+        self._resident: set[BlockHash] = set()
+        self._next: type[EvictionPolicy] | None = None  # a leader not yet taken on
+
+    def __len__(self) -> int:
+        return len(self._resident)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        sizes: tuple[int, ...] = getattr(self.policy, "sizes", (len(self.policy),))
+        return sizes
+
+    @property
+    def follows(self) -> str:
+        return self.policy.name
+
+    def follow(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
+        """A sampled shadow's moves say nothing about most of the tier's blocks."""
+
+    def lead(self, leader: _Shadow) -> None:
+        """Take on a new leader's policy at the next search for victims."""
+        cls = type(leader.policy)
+        self._next = None if cls is type(self.policy) else cls
+
+    def _rebuild(self, cls: type[EvictionPolicy], is_held: IsHeld) -> None:
+        held = sorted(filter(is_held, self._resident))  # sorted: a fixed order
+        free = len(self._resident) - len(held)
+        order = self.policy.choose_victims(free, is_held, (), ()) if free else []
+        assert order is not None, "every block that is not held can be evicted"
+        policy = cls(self.capacity)
+        policy.add_all(held + order)
+        self.policy = policy
+        self._next = None
+
+    def add(self, key: BlockHash) -> None:
+        self._resident.add(key)
+        self.policy.add(key)
+
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        self._resident.update(keys)
+        self.policy.add_all(keys)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self._resident:  # an absent key is ignored, whatever the leader
+            self.policy.touch(key, reused)
+
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        self.policy.touch_all(keys, storing)
+
+    def remove(self, key: BlockHash) -> None:
+        self.policy.remove(key)
+        self._resident.remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        self.policy.release(key)
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None:
+        self.policy.release_all(keys)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        if self._next is not None:
+            self._rebuild(self._next, is_held)
+        return self.policy.choose_victims(n, is_held, protected, incoming)
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        self.policy.evict(victims)
+        self._resident.difference_update(victims)
+
+
+class LeaderPolicy(EvictionPolicy):
+    """The tier follows whichever of LRU, ARC and SLRU has hit most lately."""
+
+    name = "leader"
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        rate = sample_rate(capacity)
+        self._mask = rate - 1
+        self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in CANDIDATES)
+        self._scores = [0.0] * len(self._shadows)
+        self._leader = START
+        self._window = max(1, max(WINDOW_MIN, capacity // WINDOW_DIV) // rate)
+        self._left = self._window
+        leader = self._shadows[START]
+        self._tier: _InStep | _Rebuilt = (
+            _InStep(capacity, leader) if rate == 1 else _Rebuilt(capacity, leader)
+        )
+
+    @property
+    def leader(self) -> str:
+        """The name of the policy the tier follows now."""
+        return self._shadows[self._leader].policy.name
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """For tests and diagnostics: ``(|extra|, |kept|)`` of a tier in step; else the
+        leader's instance's ``sizes`` (its length for LRU)."""
+        return self._tier.sizes
+
+    @property
+    def follows(self) -> str:
+        """The name of the policy whose order the tier's blocks are in (a sampled tier
+        takes a new leader's on at its next search for victims)."""
+        return self._tier.follows
+
+    @property
+    def sample_rate(self) -> int:
+        """``R``: the shadows see 1 request in ``R`` and hold ``capacity // R`` keys."""
+        return self._mask + 1
+
+    def __len__(self) -> int:
+        return len(self._tier)
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        if not keys or (self._mask and not is_sampled(keys, self._mask)):
+            return
+        for i, shadow in enumerate(self._shadows):
+            evicted, stored = shadow.request(keys)
+            if i == self._leader:
+                self._tier.follow(evicted, stored)
+        self._left -= len(keys)
+        if self._left <= 0:
+            self._decide()
+
+    def _decide(self) -> None:
+        scores = self._scores
+        for i, shadow in enumerate(self._shadows):
+            scores[i] = scores[i] * DECAY + shadow.hits
+            shadow.hits = 0
+        best = max(range(len(scores)), key=scores.__getitem__)
+        if scores[best] > scores[self._leader] * (1 + MARGIN):
+            self._leader = best
+            self._tier.lead(self._shadows[best])
+        self._left = self._window
+
+    def add(self, key: BlockHash) -> None:
+        self._tier.add(key)
+
+    def add_all(self, keys: Sequence[BlockHash]) -> None:
+        self._tier.add_all(keys)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        self._tier.touch(key, reused)
+
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        self._tier.touch_all(keys, storing)
+
+    def remove(self, key: BlockHash) -> None:
+        self._tier.remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        self._tier.release(key)
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None:
+        self._tier.release_all(keys)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        return self._tier.choose_victims(n, is_held, protected, incoming)
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        self._tier.evict(victims)

@@ -1,0 +1,97 @@
+"""``leader`` variants on issue 14's 65 cells, against ``policy_cells.json``'s lru/arc.
+
+Replays ``leader`` with one change made in the worker processes, on the workloads and
+capacities of ``policy_cells.py``, and prints per workload the hit blocks minus
+max(lru, arc) and minus the shipped ``leader``'s (both read from the JSON, which must
+be from the same commit's cell run). Variants:
+
+* ``rebuilt_r1``: the sampled mode's tier (a real instance of the leader's policy,
+  rebuilt at a switch) at every capacity, with full-size shadows (R = 1);
+* ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys;
+* ``margin_<x>``, ``decay_<x>``: another ``MARGIN`` or ``DECAY``;
+* ``first_<n>``: the first decision after ``n`` windows.
+
+Run from the repository root::
+
+    PYTHONPATH=src nice python benchmarks/leader_variants.py rebuilt_r1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import policy_cells as pc
+
+from kvtier.sim.replay import replay
+
+
+def _patch(variant: str) -> None:
+    from kvtier.scheduler.policies import leader, sampling
+
+    if variant == "rebuilt_r1":
+        init = leader.LeaderPolicy.__init__
+
+        def rebuilt(self: leader.LeaderPolicy, capacity: int) -> None:
+            init(self, capacity)
+            self._tier = leader._Rebuilt(capacity, self._shadows[self._leader])
+
+        leader.LeaderPolicy.__init__ = rebuilt  # type: ignore[method-assign]
+    elif variant.startswith("first_"):  # the first decision after n windows
+        windows = int(variant.removeprefix("first_"))
+        init = leader.LeaderPolicy.__init__
+
+        def later(self: leader.LeaderPolicy, capacity: int) -> None:
+            init(self, capacity)
+            self._left = windows * self._window
+
+        leader.LeaderPolicy.__init__ = later  # type: ignore[method-assign]
+    elif variant.startswith("margin_"):
+        leader.MARGIN = float(variant.removeprefix("margin_"))
+    elif variant.startswith("decay_"):
+        leader.DECAY = float(variant.removeprefix("decay_"))
+    elif variant.startswith("sampled_"):
+        sampling.FULL_SHADOWS_BELOW = 0
+        sampling.SAMPLED_SHADOW_BLOCKS = int(variant.removeprefix("sampled_"))
+    else:
+        raise SystemExit(f"unknown variant {variant!r}")
+
+
+def _job(args: tuple[str, str]) -> tuple[str, list[int]]:
+    workload, variant = args
+    _patch(variant)
+    trace = pc._trace(workload)
+    caps = [round(share * trace.num_distinct_blocks) for share in pc.SHARES]
+    return workload, [replay(trace, cap, "leader").ratios.hit_blocks for cap in caps]
+
+
+def main() -> None:
+    variant = sys.argv[1]
+    doc = json.loads(Path("benchmarks/results/policy_cells.json").read_text())
+    rows = {row["workload"]: row for row in doc["rows"]}
+    start = time.perf_counter()
+    with ProcessPoolExecutor(2) as pool:
+        results = list(pool.map(_job, [(w, variant) for w in rows]))
+    counts = [0, 0, 0]
+    for workload, hits in results:
+        ref = rows[workload]["hit_blocks"]
+        best = [max(a, b) for a, b in zip(ref["lru"], ref["arc"], strict=True)]
+        diffs = [h - b for h, b in zip(hits, best, strict=True)]
+        in_step = [h - b for h, b in zip(hits, ref["leader"], strict=True)]
+        for d in diffs:
+            counts[0 if d > 0 else 1 if d == 0 else 2] += 1
+        print(f"{workload:>16}: vs max(lru, arc) {diffs}  vs shipped leader {in_step}")
+    load = os.getloadavg()
+    print(
+        f"{variant}: above {counts[0]}, equal {counts[1]}, below {counts[2]}; "
+        f"{time.perf_counter() - start:.0f} s, load average {load[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
