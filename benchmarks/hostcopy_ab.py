@@ -29,7 +29,7 @@ import torch
 
 from kvtier.bench.report import git_commit, machine_info
 from kvtier.worker import pagecopy as new
-from kvtier.worker.blockmap import RowPlan, consecutive_runs
+from kvtier.worker.blockmap import RowPlan
 
 OLD_COMMIT = "1dbccb5"
 
@@ -112,7 +112,7 @@ def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dic
     cpu = torch.randperm(2 * blocks, generator=gen)[:blocks].numpy().astype(np.int64)
     if ids == "contiguous":
         cpu = np.arange(blocks, dtype=np.int64)
-    plan = RowPlan(gpu, cpu, consecutive_runs(cpu))
+    plan = RowPlan.pairing(gpu, cpu)
     a = old.HostPageCopier(frags, slab)  # type: ignore[attr-defined]
     b = new.HostPageCopier(frags, slab)
     mm_g2c, mm_c2g = one_pass_memmove(frags, slab, plan)

@@ -113,7 +113,7 @@ def scattered(plan: RowPlan, bytes_per_row_call: int) -> bool:
     ``bytes_per_row_call``: bytes one call moves per row (a fragment's on the host
     path, a whole page on the CUDA path).
     """
-    runs = len(plan.cpu_runs)
+    runs = plan.num_runs
     return runs > MAX_DIRECT_RUNS and len(plan) * bytes_per_row_call // runs < RUN_MIN_BYTES
 
 
