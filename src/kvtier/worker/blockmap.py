@@ -86,10 +86,11 @@ class RowPlan:
     @classmethod
     def pairing(cls, gpu_rows: np.ndarray, cpu_rows: np.ndarray) -> RowPlan:
         """The plan of already validated rows (int64 arrays of one length)."""
-        if len(cpu_rows) == 0:
-            return cls(gpu_rows, cpu_rows, np.zeros(0, dtype=np.int64))
-        breaks = np.flatnonzero(cpu_rows[1:] - cpu_rows[:-1] != 1) + 1
-        return cls(gpu_rows, cpu_rows, np.concatenate((np.zeros(1, dtype=np.int64), breaks)))
+        starts = np.empty(len(cpu_rows), dtype=bool)
+        if len(starts):
+            starts[0] = True
+            np.not_equal(cpu_rows[1:] - cpu_rows[:-1], 1, out=starts[1:])
+        return cls(gpu_rows, cpu_rows, starts.nonzero()[0].astype(np.int64, copy=False))
 
     def __len__(self) -> int:
         return len(self.gpu_rows)

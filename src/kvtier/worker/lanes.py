@@ -12,7 +12,9 @@ A lane takes *enqueue functions* and reports each job once, in submission order.
 * ``ThreadLane`` (CPU tensors stand in for GPU memory): one worker thread runs the
   functions in submission order. The thread stands in for the stream; the queue
   hand-off orders the caller's earlier writes before the copy, the CPU analogue of
-  waiting for the compute stream.
+  waiting for the compute stream. A caller blocked in ``wait`` runs the queued
+  functions itself while the thread is not running one (still one at a time, in
+  order), which saves the hand-off's thread switches where someone waits anyway.
 
 Either way a function that raises, and a job submitted with an ``error``, become a
 failed ``TransferResult``; nothing is raised to the caller.

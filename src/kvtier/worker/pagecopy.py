@@ -20,6 +20,14 @@ one call per block per layer:
     stays in cache, then scatters it. No staging buffer laid out like the slab, no
     helper thread.
 
+  - By row (every fragment at least ``ROW_COPY_MIN_BYTES``, 32 KiB): one
+    ``np.copyto`` per fragment row, straight from source row to destination row,
+    runs or not. Two-pass chunks cost a second trip through the cache that large
+    rows do not amortise: measured one thread, CPU time, load average ~6
+    (scattered rows, GB/s, two-pass chunks -> by row): 32 KiB 6.2 -> 8.9,
+    64 KiB 7.3 -> 9.7, 256 KiB 6.9 -> 9.5 (a one-thread plain copy: 10-12);
+    16 KiB about even (6.1 / 6.3), 8 KiB the chunks win (a call per 8 KiB row).
+
   Measured side by side with the previous copier (``benchmarks/hostcopy_ab.py``,
   ``benchmarks/results/hostcopy-ab-vm-20261123T1657Z.json``: 2 layers, ratio to one
   plain copy, store / load; development VM at load average 5-6, where the plain copy
