@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import ProtocolError
 from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
-from kvtier.worker.blockmap import RowPlan, consecutive_runs, expand_block_ids, plan_rows, repeats
+from kvtier.worker.blockmap import RowPlan, expand_block_ids, plan_rows, repeats
 
 
 def test_expand_seed_example() -> None:
@@ -58,7 +58,7 @@ def test_expand_matches_definition(ids: list[int], factor: int, data: st.DataObj
 @given(st.lists(st.integers(0, 50), max_size=30))
 def test_runs_cover_rows_in_order(rows: list[int]) -> None:
     arr = np.asarray(rows, dtype=np.int64)
-    runs = consecutive_runs(arr)
+    runs = RowPlan.pairing(arr, arr).cpu_runs
     rebuilt = [first + k for _, first, length in runs for k in range(length)]
     assert rebuilt == rows
     assert [s for s, _, _ in runs] == list(np.cumsum([0] + [n for *_, n in runs])[:-1])

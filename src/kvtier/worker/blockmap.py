@@ -114,12 +114,6 @@ class RowPlan:
         )
 
 
-def consecutive_runs(rows: np.ndarray) -> tuple[tuple[int, int, int], ...]:
-    """Cut ``rows`` into maximal runs of consecutive ids: ``(index, first id, length)``."""
-    rows = np.asarray(rows, dtype=np.int64)
-    return RowPlan.pairing(rows, rows).cpu_runs
-
-
 def repeats(ids: np.ndarray) -> bool:
     """Whether an id occurs twice (a sort; ``np.unique`` costs several times more)."""
     ordered = np.sort(ids)
