@@ -4,7 +4,8 @@ Run from the repository root: ``PYTHONPATH=src python benchmarks/hostcopy_ab.py
 [repeats] [out.json]``. "old" is ``HostPageCopier`` as of commit 1dbccb5 (scattered
 rows through two staging buffers laid out like the slab, gather and scatter overlapped
 on a helper thread), loaded from git; "new" is the working tree's (scattered rows
-moved straight between fragment and slab, per fragment and ~256 KiB chunk, by numpy).
+moved straight between fragment and slab, per fragment and ~256 KiB chunk, by numpy;
+fragments of 32 KiB and more one ``np.copyto`` per row since 2026-11-23 18:00 UTC).
 "memmove" is a third candidate: one ``ctypes.memmove`` per fragment row, addresses
 computed before timing, first checked to leave exactly the bytes the copier leaves.
 Each value is a plain torch
