@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -42,6 +43,7 @@ class Recorder:
         return fn
 
 
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
 def test_wait_runs_a_queued_job_in_the_callers_thread() -> None:
     # With a long switch interval the woken worker thread cannot take the GIL before
     # the caller blocks, so the caller finds the job still queued and runs it itself.
@@ -59,6 +61,30 @@ def test_wait_runs_a_queued_job_in_the_callers_thread() -> None:
     lane.close()
 
 
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
+def test_interrupt_in_a_job_run_by_the_caller_still_reports_it() -> None:
+    lane, rec = ThreadLane("lane-under-test"), Recorder()
+
+    def interrupted() -> tuple[int, None]:
+        raise KeyboardInterrupt
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        lane.submit(1, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lane.wait([1])
+    finally:
+        sys.setswitchinterval(old)
+    lane.submit(2, rec.job(2, 5))
+    lane.wait([1, 2])  # returns: job 1 is not left in flight
+    results = lane.poll()
+    assert [(r.job_id, r.success) for r in results] == [(1, False), (2, True)]
+    assert results[0].error == "KeyboardInterrupt: "
+    lane.close()
+
+
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
 def test_waiter_never_overtakes_the_job_the_worker_runs() -> None:
     lane, rec, release = ThreadLane("lane-under-test"), Recorder(), threading.Event()
     started = threading.Event()

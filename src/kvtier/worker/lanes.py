@@ -83,19 +83,22 @@ class ThreadLane:
             if not self._queue:
                 return False
             job_id, fn, error = self._queue.popleft()
-        if fn is None:
-            result = TransferResult.failed(job_id, error or "refused")
-        else:
-            start = time.perf_counter()
-            try:
+        result = TransferResult.failed(job_id, error or "refused")
+        try:
+            if fn is not None:
+                start = time.perf_counter()
                 nbytes, _ = fn()
                 result = TransferResult(job_id, True, nbytes, time.perf_counter() - start)
-            except Exception as exc:
-                result = TransferResult.failed(job_id, _describe(exc))
-        with self._cond:
-            self._done.append(result)
-            self._in_flight.discard(job_id)
-            self._cond.notify_all()
+        except Exception as exc:
+            result = TransferResult.failed(job_id, _describe(exc))
+        except BaseException as exc:  # e.g. KeyboardInterrupt in a waiting caller
+            result = TransferResult.failed(job_id, _describe(exc))
+            raise  # the job is still reported (finally), so no wait hangs on it
+        finally:
+            with self._cond:
+                self._done.append(result)
+                self._in_flight.discard(job_id)
+                self._cond.notify_all()
         return True
 
     def _run(self) -> None:
