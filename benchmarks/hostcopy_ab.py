@@ -4,7 +4,8 @@ Run from the repository root: ``PYTHONPATH=src python benchmarks/hostcopy_ab.py
 [repeats] [out.json]``. "old" is ``HostPageCopier`` as of commit 1dbccb5 (scattered
 rows through two staging buffers laid out like the slab, gather and scatter overlapped
 on a helper thread), loaded from git; "new" is the working tree's (scattered rows
-moved straight between fragment and slab, per fragment and ~256 KiB chunk, by numpy).
+moved straight between fragment and slab, per fragment and ~256 KiB chunk, by numpy;
+fragments of 32 KiB and more one ``np.copyto`` per row since 2026-11-23 18:00 UTC).
 "memmove" is a third candidate: one ``ctypes.memmove`` per fragment row, addresses
 computed before timing, first checked to leave exactly the bytes the copier leaves.
 Each value is a plain torch
@@ -29,7 +30,7 @@ import torch
 
 from kvtier.bench.report import git_commit, machine_info
 from kvtier.worker import pagecopy as new
-from kvtier.worker.blockmap import RowPlan, consecutive_runs
+from kvtier.worker.blockmap import RowPlan
 
 OLD_COMMIT = "1dbccb5"
 
@@ -112,7 +113,7 @@ def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dic
     cpu = torch.randperm(2 * blocks, generator=gen)[:blocks].numpy().astype(np.int64)
     if ids == "contiguous":
         cpu = np.arange(blocks, dtype=np.int64)
-    plan = RowPlan(gpu, cpu, consecutive_runs(cpu))
+    plan = RowPlan.pairing(gpu, cpu)
     a = old.HostPageCopier(frags, slab)  # type: ignore[attr-defined]
     b = new.HostPageCopier(frags, slab)
     mm_g2c, mm_c2g = one_pass_memmove(frags, slab, plan)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import ProtocolError
 from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
-from kvtier.worker.blockmap import consecutive_runs, expand_block_ids, plan_rows
+from kvtier.worker.blockmap import RowPlan, expand_block_ids, plan_rows, repeats
 
 
 def test_expand_seed_example() -> None:
@@ -58,7 +58,7 @@ def test_expand_matches_definition(ids: list[int], factor: int, data: st.DataObj
 @given(st.lists(st.integers(0, 50), max_size=30))
 def test_runs_cover_rows_in_order(rows: list[int]) -> None:
     arr = np.asarray(rows, dtype=np.int64)
-    runs = consecutive_runs(arr)
+    runs = RowPlan.pairing(arr, arr).cpu_runs
     rebuilt = [first + k for _, first, length in runs for k in range(length)]
     assert rebuilt == rows
     assert [s for s, _, _ in runs] == list(np.cumsum([0] + [n for *_, n in runs])[:-1])
@@ -90,6 +90,8 @@ def test_plan_pairs_rows() -> None:
         ((1, 2, 3), (0,), 0, False, "2 GPU blocks expected, got 3"),
         ((1,), (0,), 0, False, "2 GPU blocks expected, got 1"),
         ((1, 10), (0,), 0, False, "GPU block id 10 out of range"),
+        ((-1, 2), (0,), 0, False, "GPU block id -1 out of range"),
+        ((1, 2), (-3,), 0, False, "CPU block id -3 out of range"),
         ((1, 2), (4,), 0, False, "CPU block id 4 out of range"),
         ((1, 2, 3, 4), (1, 1), 0, False, "destination CPU blocks repeat"),
         ((1, 1), (1,), 0, True, "destination GPU blocks repeat"),
@@ -102,3 +104,19 @@ def test_plan_rejects(gpu, cpu, skip, dst, match) -> None:
 
 def test_plan_allows_repeated_source_gpu_blocks() -> None:
     assert _plan((1, 1), (0,)).gpu_rows.tolist() == [1, 1]
+
+
+@given(st.lists(st.integers(0, 40), max_size=30))
+def test_run_starts_where_rows_stop_being_consecutive(rows: list[int]) -> None:
+    arr = np.asarray(rows, dtype=np.int64)
+    plan = RowPlan.pairing(arr[::-1].copy(), arr)
+    want = [i for i in range(len(rows)) if i == 0 or rows[i] != rows[i - 1] + 1]
+    assert plan.run_starts.tolist() == want
+    assert plan.run_starts.dtype == np.int64
+    assert plan.num_runs == len(want)
+    assert len(plan) == len(rows)
+
+
+@given(st.lists(st.integers(-5, 20), max_size=25))
+def test_repeats_is_a_duplicate_check(ids: list[int]) -> None:
+    assert repeats(np.asarray(ids, dtype=np.int64)) == (len(set(ids)) != len(ids))

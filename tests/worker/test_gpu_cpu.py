@@ -35,16 +35,19 @@ def sub_blocks(handlers: CpuGpuOffloadingHandlers) -> np.ndarray:
     return handlers.host_slab.tensor.view(-1, page).cpu().numpy().copy()
 
 
-COPY_PATHS = ["runs", "runs-1-row-chunks", "staged", "staged-1-row-chunks"]
+COPY_PATHS = ["runs", "runs-1-row-chunks", "staged", "staged-1-row-chunks", "by-row"]
 
 
 def force_copy_path(mp: pytest.MonkeyPatch, path: str) -> None:
     """Make every job take one copy strategy: run by run, or staged (scattered rows:
     through a bounce buffer on CUDA, chunk by chunk on the host). One-row chunks make
-    the host copier split every run and every job into many calls."""
+    the host copier split every run and every job into many calls. ``by-row``: the
+    host copier copies row by row, as it does for large fragments (set before the
+    handlers are built; the CUDA copier has no such path)."""
     staged = path.startswith("staged")
     mp.setattr(pagecopy, "RUN_MIN_BYTES", 1 << 60 if staged else 0)
     mp.setattr(pagecopy, "MAX_DIRECT_RUNS", 0 if staged else 1 << 60)
+    mp.setattr(pagecopy, "ROW_COPY_MIN_BYTES", 0 if path == "by-row" else 1 << 60)
     if path.endswith("1-row-chunks"):
         mp.setattr(pagecopy, "CHUNK_BYTES", 1)
 

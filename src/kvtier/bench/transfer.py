@@ -5,7 +5,13 @@ memory (the handlers' CPU path against a plain ``memcpy``-like ``copy_``). For e
 page size and job size it times, after warm-up, the median of ``repeats`` runs of:
 
 * ``plain``: one contiguous copy of the job's bytes (on a GPU: one pinned-buffer
-  ``cudaMemcpyAsync``), the practical peak;
+  ``cudaMemcpyAsync``), the practical peak; on CPU torch runs it on all its threads
+  (``torch_threads`` in the machine record);
+* ``plain1`` (CPU only): the same copy on one thread, as the handler's copy runs;
+* ``gather`` (CPU only): the bare gather of the store job's scattered rows of every
+  fragment into one contiguous buffer, with the fastest host primitive measured
+  (``np.take(mode="clip")`` straight into the buffer: one pass, no temporary): the
+  floor of reading the same scattered rows, which a plain copy never pays;
 * ``g2c`` / ``c2g``: one handler job, submit to finished, end to end;
 * ``both``: a store and a load of the same size submitted together (bytes of both).
 
@@ -26,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from kvtier import options
@@ -42,6 +49,7 @@ from kvtier.results import (
 )
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout
 from kvtier.worker.gpu_cpu import SingleDirectionHandler
+from kvtier.worker.pagecopy import row_items
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_PAGES = (8 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
@@ -138,22 +146,21 @@ def _one_case(
     def plain() -> None:
         host.copy_(dev, non_blocking=True)
 
-    measured = _measure(
-        {
-            "plain": plain,
-            "g2c": lambda: _run_jobs([(g2c, store)]),
-            "c2g": lambda: _run_jobs([(c2g, load)]),
-            "both": lambda: _run_jobs([(g2c, store), (c2g, load)]),
-        },
-        device,
-        warmup,
-        repeats,
-    )
+    fns: dict[str, Callable[[], float | None]] = {"plain": plain}
+    if device.type == "cpu":
+        fns["plain1"] = lambda: _one_thread(plain)
+        fns["gather"] = _gather(handlers.kv_view.fragments, gpu_ids[:blocks], host)
+    fns["g2c"] = lambda: _run_jobs([(g2c, store)])
+    fns["c2g"] = lambda: _run_jobs([(c2g, load)])
+    fns["both"] = lambda: _run_jobs([(g2c, store), (c2g, load)])
+    measured = _measure(fns, device, warmup, repeats)
     handlers.shutdown()
     seconds = {k: wall for k, (wall, _) in measured.items()}
     lane = {k: t for k, (_, t) in measured.items() if t is not None}
     gbps = {k: (2 if k == "both" else 1) * nbytes / s / 1e9 for k, s in seconds.items()}
     lane_gbps = {k: (2 if k == "both" else 1) * nbytes / t / 1e9 for k, t in lane.items() if t}
+    jobs = ("g2c", "c2g", "both")
+    refs = [r for r in ("plain1", "gather") if r in gbps]
     return {
         "page_bytes": page,
         "blocks": blocks,
@@ -165,8 +172,34 @@ def _one_case(
         "gbps": gbps,
         "lane_gbps": lane_gbps,
         "lane_ratio": {k: v / gbps["plain"] for k, v in lane_gbps.items()},
-        "ratio": {k: gbps[k] / gbps["plain"] for k in ("g2c", "c2g", "both")},
+        "ratio": {k: gbps[k] / gbps["plain"] for k in jobs},
+        **{f"ratio_{r}": {k: gbps[k] / gbps[r] for k in jobs} for r in refs},
     }
+
+
+def _one_thread(fn: Callable[[], None]) -> None:
+    """Run ``fn`` with torch on one thread (the handler's copy runs on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _gather(
+    fragments: Sequence[torch.Tensor], rows: Sequence[int], out: torch.Tensor
+) -> Callable[[], None]:
+    """The bare gather of ``rows`` of every fragment into ``out`` (host tensors)."""
+    index = np.asarray(rows, dtype=np.int64)
+    srcs = [row_items(f) for f in fragments]
+    dsts = [row_items(part) for part in out.view(len(fragments), len(index), -1)]
+
+    def gather() -> None:
+        for src, dst in zip(srcs, dsts, strict=True):
+            np.take(src, index, out=dst, mode="clip")
+
+    return gather
 
 
 def device_info(device: torch.device) -> dict[str, Any]:
@@ -237,19 +270,23 @@ def run_transfer_bench(
 def summarize(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Median ratios to the plain copy per page size, over jobs of 16 blocks or more.
 
-    ``wall``: submit to finished; ``lane``: the copy alone (no validation, no hand-off).
+    ``wall``: submit to finished; ``lane``: the copy alone (no validation, no hand-off);
+    on CPU also ``ratio_plain1`` and ``ratio_gather``: wall against the one-thread
+    plain copy and against the bare gather of the same rows.
     """
     out: dict[str, Any] = {}
     for page in sorted({c["page_bytes"] for c in cases}):
         group = [c for c in cases if c["page_bytes"] == page and c["blocks"] >= 16] or [
             c for c in cases if c["page_bytes"] == page
         ]
+        kinds = [("wall", "ratio"), ("lane", "lane_ratio")]
+        kinds += [(key, key) for key in ("ratio_plain1", "ratio_gather") if key in group[0]]
         out[_size(page)] = {
             kind: {
                 k: round(statistics.median(c[key][k] for c in group), 3)
                 for k in ("g2c", "c2g", "both")
             }
-            for kind, key in (("wall", "ratio"), ("lane", "lane_ratio"))
+            for kind, key in kinds
         }
     return out
 
@@ -331,7 +368,9 @@ def main(args: argparse.Namespace) -> int:
     figures = {k: results[k] for k in ("cases", "skipped", "summary")}
     path = write_result("transfer", results["config"], figures, out, machine=info)
     summary = ", ".join(
-        f"{p} {w['g2c']:.2f}/{w['c2g']:.2f}/{w['both']:.2f} (lane {ln['g2c']:.2f}/{ln['c2g']:.2f})"
+        f"{p} {w['g2c']:.2f}/{w['c2g']:.2f}/{w['both']:.2f} (lane {ln['g2c']:.2f}/{ln['c2g']:.2f}"
+        + (f"; vs gather {v['ratio_gather']['g2c']:.2f}" if "ratio_gather" in v else "")
+        + ")"
         for p, v in results["summary"].items()
         for w, ln in [(v["wall"], v["lane"])]
     )

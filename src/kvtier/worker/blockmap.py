@@ -59,6 +59,8 @@ def expand_block_ids(
             f"skip_count must be in 0..{limit - 1} for {len(ids)} offloaded blocks of "
             f"factor {block_size_factor}, got {skip_count}"
         )
+    if block_size_factor == 1:
+        return np.array(ids, dtype=np.int64)
     offsets = np.arange(block_size_factor, dtype=np.int64)
     return (ids[:, None] * block_size_factor + offsets).reshape(-1)[skip_count:]
 
@@ -70,30 +72,52 @@ class RowPlan:
     Attributes:
         gpu_rows: GPU block ids (int64), in token order.
         cpu_rows: host sub-block ids (int64), same length.
-        cpu_runs: the job cut where ``cpu_rows`` stops being consecutive, as
-            ``(first index into the rows, first host sub-block, length)``; a copy per
-            run moves whole multi-layer pages, which is what makes the copies large.
+        run_starts: indices into the rows where ``cpu_rows`` stops being consecutive
+            (int64, ``0`` first when there are rows): the job cut into runs of
+            consecutive host sub-blocks. Kept as an array, so that a scattered job
+            (one run per row) costs no Python object per row; ``cpu_runs`` spells
+            the runs out for the copiers that copy run by run.
     """
 
     gpu_rows: np.ndarray
     cpu_rows: np.ndarray
-    cpu_runs: tuple[tuple[int, int, int], ...]
+    run_starts: np.ndarray
+
+    @classmethod
+    def pairing(cls, gpu_rows: np.ndarray, cpu_rows: np.ndarray) -> RowPlan:
+        """The plan of already validated rows (int64 arrays of one length)."""
+        starts = np.empty(len(cpu_rows), dtype=bool)
+        if len(starts):
+            starts[0] = True
+            np.not_equal(cpu_rows[1:] - cpu_rows[:-1], 1, out=starts[1:])
+        return cls(gpu_rows, cpu_rows, starts.nonzero()[0].astype(np.int64, copy=False))
 
     def __len__(self) -> int:
         return len(self.gpu_rows)
 
+    @property
+    def num_runs(self) -> int:
+        """How many runs of consecutive host sub-blocks the job has."""
+        return len(self.run_starts)
 
-def consecutive_runs(rows: np.ndarray) -> tuple[tuple[int, int, int], ...]:
-    """Cut ``rows`` into maximal runs of consecutive ids: ``(index, first id, length)``."""
-    if len(rows) == 0:
-        return ()
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [len(rows)]))
-    return tuple(
-        (int(s), int(rows[s]), int(e - s))
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
-    )
+    @property
+    def cpu_runs(self) -> tuple[tuple[int, int, int], ...]:
+        """The runs as ``(first index into the rows, first host sub-block, length)``;
+        a copy per run moves whole multi-layer pages (built on each call)."""
+        if not len(self.cpu_rows):
+            return ()
+        ends = [*self.run_starts[1:].tolist(), len(self.cpu_rows)]
+        firsts = self.cpu_rows[self.run_starts].tolist()
+        return tuple(
+            (s, first, e - s)
+            for s, first, e in zip(self.run_starts.tolist(), firsts, ends, strict=True)
+        )
+
+
+def repeats(ids: np.ndarray) -> bool:
+    """Whether an id occurs twice (a sort; ``np.unique`` costs several times more)."""
+    ordered = np.sort(ids)
+    return bool((ordered[1:] == ordered[:-1]).any())
 
 
 def plan_rows(
@@ -127,11 +151,12 @@ def plan_rows(
             f"{gpu_spec.skip_count} = {expected} GPU blocks expected, got {len(gpu_rows)}"
         )
     for name, ids, limit in (("GPU", gpu_rows, num_gpu_blocks), ("CPU", cpu_ids, num_cpu_blocks)):
-        if len(ids) and (ids.min() < 0 or ids.max() >= limit):
+        # read as unsigned, a negative id is above any limit: one pass finds both
+        if len(ids) and ids.view(np.uint64).max() >= limit:
             bad = int(ids[(ids < 0) | (ids >= limit)][0])
             raise TransferSpecError(f"{name} block id {bad} out of range 0..{limit - 1}")
     cpu_rows = expand_block_ids(cpu_ids, block_size_factor, gpu_spec.skip_count)
     dst_name, dst = ("GPU", gpu_rows) if gpu_is_dst else ("CPU", cpu_rows)
-    if len(np.unique(dst)) != len(dst):
+    if repeats(dst):
         raise TransferSpecError(f"destination {dst_name} blocks repeat in one job: {dst.tolist()}")
-    return RowPlan(gpu_rows=gpu_rows, cpu_rows=cpu_rows, cpu_runs=consecutive_runs(cpu_rows))
+    return RowPlan.pairing(gpu_rows, cpu_rows)

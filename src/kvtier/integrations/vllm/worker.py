@@ -31,7 +31,7 @@ import torch
 from kvtier.errors import ConfigError, ProtocolError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK
-from kvtier.worker.blockmap import RowPlan, consecutive_runs, expand_block_ids
+from kvtier.worker.blockmap import RowPlan, expand_block_ids, repeats
 from kvtier.worker.kv_view import KVLayout, kv_cache_view
 from kvtier.worker.lanes import CudaLane, ThreadLane
 from kvtier.worker.pagecopy import CudaPageCopier, HostPageCopier
@@ -71,9 +71,9 @@ def plan_job(
         if len(ids) and (ids.min() < 0 or ids.max() >= limit):
             raise ProtocolError(f"{name} block id out of range 0..{limit - 1}: {ids.tolist()}")
     dst = gpu_rows if gpu_is_dst else cpu_rows
-    if len(np.unique(dst)) != len(dst):
+    if repeats(dst):
         raise ProtocolError("a job writes one block twice")
-    return RowPlan(gpu_rows=gpu_rows, cpu_rows=cpu_rows, cpu_runs=consecutive_runs(cpu_rows))
+    return RowPlan.pairing(gpu_rows, cpu_rows)
 
 
 def canonical_fragments(kv_caches: Any) -> list[torch.Tensor]:

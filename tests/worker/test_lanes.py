@@ -1,0 +1,185 @@
+"""ThreadLane: jobs run one at a time in submission order, by the worker thread or by a
+caller blocked in ``wait``, and each is reported exactly once, in order."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from kvtier.worker.lanes import ThreadLane
+
+
+class Recorder:
+    """Job functions that log who ran them and catch two jobs running at once."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[int, str]] = []
+        self.overlaps = 0
+        self._active = 0
+        self._lock = threading.Lock()
+
+    def job(self, job_id: int, nbytes: int, *, raises: bool = False, sleep: float = 0.0):  # type: ignore[no-untyped-def]
+        def fn() -> tuple[int, None]:
+            with self._lock:
+                self._active += 1
+                self.overlaps += self._active > 1
+            try:
+                if sleep:
+                    time.sleep(sleep)  # lets the other thread try to run the next job
+                self.ran.append((job_id, threading.current_thread().name))
+                if raises:
+                    raise ValueError(f"job {job_id} broke")
+                return nbytes, None
+            finally:
+                with self._lock:
+                    self._active -= 1
+
+        return fn
+
+
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
+def test_wait_runs_a_queued_job_in_the_callers_thread() -> None:
+    # With a long switch interval the woken worker thread cannot take the GIL before
+    # the caller blocks, so the caller finds the job still queued and runs it itself.
+    lane, rec = ThreadLane("lane-under-test"), Recorder()
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        lane.submit(1, rec.job(1, 10))
+        lane.wait([1])
+    finally:
+        sys.setswitchinterval(old)
+    assert rec.ran == [(1, threading.current_thread().name)]
+    (result,) = lane.poll()
+    assert (result.job_id, result.success, result.bytes_moved) == (1, True, 10)
+    lane.close()
+
+
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
+def test_interrupt_in_a_job_run_by_the_caller_still_reports_it() -> None:
+    lane, rec = ThreadLane("lane-under-test"), Recorder()
+
+    def interrupted() -> tuple[int, None]:
+        raise KeyboardInterrupt
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        lane.submit(1, interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lane.wait([1])
+    finally:
+        sys.setswitchinterval(old)
+    lane.submit(2, rec.job(2, 5))
+    lane.wait([1, 2])  # returns: job 1 is not left in flight
+    results = lane.poll()
+    assert [(r.job_id, r.success) for r in results] == [(1, False), (2, True)]
+    assert results[0].error == "KeyboardInterrupt: "
+    lane.close()
+
+
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
+def test_waiter_never_overtakes_the_job_the_worker_runs() -> None:
+    lane, rec, release = ThreadLane("lane-under-test"), Recorder(), threading.Event()
+    started = threading.Event()
+
+    def blocking() -> tuple[int, None]:
+        started.set()
+        release.wait()
+        rec.ran.append((1, threading.current_thread().name))
+        return 1, None
+
+    lane.submit(1, blocking)
+    started.wait()
+    lane.submit(2, rec.job(2, 2))
+    waiter = threading.Thread(target=lane.wait, args=([2],))
+    waiter.start()
+    waiter.join(0.05)
+    assert waiter.is_alive() and rec.ran == []  # job 2 waits behind job 1
+    release.set()
+    waiter.join()
+    assert [j for j, _ in rec.ran] == [1, 2]
+    assert rec.ran[0][1] == "lane-under-test"
+    assert [r.job_id for r in lane.poll()] == [1, 2]
+    lane.close()
+
+
+class LaneMachine(RuleBasedStateMachine):
+    """Submit, wait, poll and close in any order, against a list model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lane = ThreadLane("lane-under-test")
+        self.rec = Recorder()
+        self.next_id = 0
+        self.submitted: list[tuple[int, str]] = []  # (job id, "ok" | "raise" | "refused")
+        self.reported: list[int] = []
+        self.results: dict[int, tuple[bool, int]] = {}
+        self.closed = False
+
+    def _take(self) -> None:
+        for r in self.lane.poll():
+            self.reported.append(r.job_id)
+            self.results[r.job_id] = (r.success, r.bytes_moved)
+
+    @rule(kind=st.sampled_from(["ok", "raise", "refused", "slow"]))
+    def submit(self, kind: str) -> None:
+        job_id, self.next_id = self.next_id, self.next_id + 1
+        if kind == "refused":
+            self.lane.submit(job_id, None, "refused here")
+        else:
+            fn = self.rec.job(
+                job_id, 100 + job_id, raises=kind == "raise", sleep=0.002 if kind == "slow" else 0
+            )
+            self.lane.submit(job_id, fn)
+        self.submitted.append((job_id, "refused" if self.closed else kind))
+
+    @rule(data=st.data())
+    def wait(self, data: st.DataObject) -> None:
+        ids = [j for j, _ in self.submitted]
+        chosen = data.draw(st.lists(st.sampled_from(ids), max_size=3)) if ids else []
+        self.lane.wait(chosen)
+        self._take()
+        assert set(chosen) <= set(self.reported)  # waited-for jobs are done
+
+    @rule()
+    def poll(self) -> None:
+        self._take()
+
+    @rule()
+    def close(self) -> None:
+        self.lane.close()
+        self.closed = True
+        self._take()
+        assert self.reported == [j for j, _ in self.submitted]  # nothing left behind
+
+    @invariant()
+    def reported_once_in_submission_order(self) -> None:
+        assert self.reported == [j for j, _ in self.submitted][: len(self.reported)]
+
+    @invariant()
+    def ran_one_at_a_time_in_order(self) -> None:
+        assert self.rec.overlaps == 0
+        ran = [j for j, _ in self.rec.ran]
+        runnable = [j for j, kind in self.submitted if kind not in ("refused",)]
+        assert ran == runnable[: len(ran)]
+
+    @invariant()
+    def results_say_what_happened(self) -> None:
+        kinds = dict(self.submitted)
+        for job_id, (success, nbytes) in self.results.items():
+            ok = kinds[job_id] in ("ok", "slow")
+            assert (success, nbytes) == ((True, 100 + job_id) if ok else (False, 0))
+
+    def teardown(self) -> None:
+        self.lane.close()
+
+
+LaneMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+test_lane_machine = LaneMachine.TestCase
