@@ -56,6 +56,22 @@ def test_a_touched_parked_block_is_offered_where_the_touch_put_it() -> None:
     assert order(rl) == ["y", "a", "z"]
 
 
+def test_a_stale_entry_of_a_block_parked_again_is_not_its_place() -> None:
+    """z's first release left an entry for its first parking; touched and parked
+    again after y and x, z comes back by its new parking number only (the search
+    that parked it again stopped at w, before reaching the stale entry)."""
+    rl = parked_list("w", "z")
+    rl.release("z")  # heap entry for z's first parking
+    rl.add_all(["y", "x"])
+    rl.touch("z")  # unparked, after x: the entry is stale
+    rl.release("w")
+    held = {"y", "x", "z"}
+    assert rl.coldest(1, held.__contains__, ()) == ["w"]  # parks y, x, then z again
+    for key in ("y", "x", "z"):
+        rl.release(key)
+    assert order(rl) == ["w", "y", "x", "z"]
+
+
 def test_a_block_released_twice_is_offered_once() -> None:
     rl = parked_list("z")
     rl.release("z")

@@ -71,28 +71,29 @@ def test_move_all_to_end_stamps_every_key_new_or_not() -> None:
 
 
 def test_a_parked_key_keeps_its_time_and_a_touch_stamps_it_again() -> None:
-    clock, a, _ = pair()
-    a.add_all(["p", "q", "r"])  # 0, 1, 2
-    assert park(a, {"p", "q"}.__contains__) == ["r"]
-    assert times(a) == {"p": 0, "q": 1, "r": 2}
-    a.touch("q")  # parked: back to the hot end, stamped 3
-    a.touch_all(["p"])  # parked, through the per-key path: 4
+    clock, a, b = pair()
+    b.add("o")  # 0: times and parking numbers differ below
+    a.add_all(["p", "q", "r"])  # 1, 2, 3
+    assert park(a, {"p", "q"}.__contains__) == ["r"]  # parked as 0 and 1
+    assert times(a) == {"p": 1, "q": 2, "r": 3}
+    a.touch("q")  # parked: back to the hot end, stamped 4
+    a.touch_all(["p"])  # parked, through the per-key path: 5
     assert a.ordered() == ["r", "q", "p"]
-    assert times(a) == {"r": 2, "q": 3, "p": 4}
-    assert next(clock) == 5
+    assert times(a) == {"r": 3, "q": 4, "p": 5}
+    assert next(clock) == 6
 
 
 @pytest.mark.parametrize("parked", [False, True])
 def test_transfer_moves_keys_to_the_hot_end_with_their_times(parked: bool) -> None:
     clock, a, b = pair()
-    a.add_all(["p", "q", "r"])  # 0, 1, 2
-    b.add("s")  # 3
-    if parked:
+    b.add("s")  # 0
+    a.add_all(["p", "q", "r"])  # 1, 2, 3
+    if parked:  # as 0 and 1: parking numbers differ from the times
         park(a, {"p", "q"}.__contains__)
     a.transfer(["q", "p"], b)
-    assert a.ordered() == ["r"] and times(a) == {"r": 2}
+    assert a.ordered() == ["r"] and times(a) == {"r": 3}
     assert b.ordered() == ["s", "q", "p"]
-    assert times(b) == {"s": 3, "q": 1, "p": 0}
+    assert times(b) == {"s": 0, "q": 2, "p": 1}
     assert next(clock) == 4  # a move is not a use
     assert park(b, set().__contains__) == ["s", "q", "p"]  # in b's list, not parked
 
