@@ -18,6 +18,10 @@ in a heap keyed by their parking sequence and are offered before the list::
 
 A touch of a parked block simply moves it back to the hot end of the list.
 
+Releasing a batch that ``add_all`` added while keys were parked (a store completing)
+is free: the batch is noted, the note forgotten at the next parking, and none of its
+keys can be parked meanwhile, so its release looks none up among the parked keys.
+
 Each key carries a value, kept while the key is parked and moved with it by
 ``transfer``: ``None`` here; ``TimedRecencyList`` (``policies/timed.py``) keeps the
 key's last-use time there, for the adaptive policy's comparisons between two lists.
@@ -46,11 +50,14 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
+FRESH_BATCHES = 64
+"""Batches remembered as added since the last parking (stores in flight, roughly)."""
+
 
 class RecencyList(Generic[K]):
     """An LRU order over keys where held keys are parked instead of skipped."""
 
-    __slots__ = ("_order", "_parked", "_released", "_seq")
+    __slots__ = ("_fresh", "_order", "_parked", "_released", "_seq")
 
     def __init__(self) -> None:
         self._order: OrderedDict[K, int | None] = OrderedDict()  # key -> its value
@@ -58,6 +65,9 @@ class RecencyList(Generic[K]):
         self._parked: dict[K, tuple[int, int | None]] = {}
         self._released: list[tuple[int, K]] = []  # heap of parked keys offered first
         self._seq = 0
+        # Batches added (add_all) while keys were parked, and since the last parking:
+        # none of their keys can be parked, so releasing one visits nothing.
+        self._fresh: dict[tuple[K, ...], None] = {}
 
     def __len__(self) -> int:
         return len(self._order) + len(self._parked)
@@ -72,6 +82,15 @@ class RecencyList(Generic[K]):
     def add_all(self, keys: Sequence[K]) -> None:
         """Add new keys, in order, as the most recent (none may be in the list)."""
         self._order.update(zip(keys, repeat(None)))  # one C-level pass
+        if self._parked:
+            self._note_fresh(keys)
+
+    def _note_fresh(self, keys: Sequence[K]) -> None:
+        """Remember a batch just added while some keys are parked (``release_all``)."""
+        fresh = self._fresh
+        fresh[tuple(keys)] = None
+        if len(fresh) > FRESH_BATCHES:
+            del fresh[next(iter(fresh))]  # the oldest: its release just looks its keys up
 
     def touch(self, key: K) -> None:
         """Make a key that is in the list the most recent."""
@@ -183,11 +202,14 @@ class RecencyList(Generic[K]):
         """``release`` each key; nothing to do unless some key was parked.
 
         Only the parked keys among ``keys`` are visited (a C-level intersection), so
-        releasing costs nothing per pinned block elsewhere in the list. The order of
-        the pushes does not matter: the heap orders them by parking sequence.
+        releasing costs nothing per pinned block elsewhere in the list; and a batch
+        noted by ``add_all`` since the last parking (a store completing: the usual
+        release) visits nothing at all, as none of its keys can be parked. The order
+        of the pushes does not matter: the heap orders them by parking sequence.
         """
         parked = self._parked
-        if parked:
+        # ``pop`` answers None (the note's value) for a noted batch, False otherwise.
+        if parked and self._fresh.pop(tuple(keys), False) is not None:
             for key in parked.keys() & keys:
                 heapq.heappush(self._released, (parked[key][0], key))
 
@@ -249,6 +271,7 @@ class RecencyList(Generic[K]):
                 break
             self._parked[key] = (self._seq, order.pop(key))
             self._seq += 1
+            self._fresh.clear()  # a batch added before may hold this key
         yield from self._released_evictable(is_held, protected)
         for key in order:
             if key not in protected and not is_held(key):

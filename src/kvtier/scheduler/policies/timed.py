@@ -50,6 +50,8 @@ class TimedRecencyList(RecencyList[K]):
     def add_all(self, keys: Sequence[K]) -> None:
         # zip takes a key before a time, so the clock is not advanced past the keys.
         self._order.update(zip(keys, self._clock, strict=False))
+        if self._parked:
+            self._note_fresh(keys)
 
     def touch(self, key: K) -> None:
         order = self._order
