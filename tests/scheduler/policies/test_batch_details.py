@@ -153,19 +153,3 @@ def test_recency_list_lookups_and_removals_match_a_plain_list(seed: int) -> None
         for n in (0, 1, 3, len(everything), len(everything) + 2):
             assert rl.first_n(n) == everything[:n]
         assert _plain(rl, held) == [key for key in rl.ordered() if key not in held]
-
-
-def test_adaptive_forgets_the_last_use_of_every_block_that_leaves() -> None:
-    """Last-use times are kept for resident blocks only: evicted or failed blocks
-    leave none behind (else the map grows with every block ever stored)."""
-    policy = AdaptivePolicy(4)
-    keys = [_k(i) for i in range(4)]
-    policy.add_all(keys)
-    policy.release_all(keys)
-    policy.touch_all(keys[:2], set())
-    policy.evict(keys[:3])  # from both lists
-    assert set(policy._used) == {keys[3]}
-    policy.remove_all([keys[3]])
-    policy.add(keys[0])
-    policy.remove(keys[0])
-    assert policy._used == {}

@@ -52,7 +52,7 @@ def state(policy: EvictionPolicy) -> dict[str, Any]:
         "ghost": list(policy._ghost),
     }
     if isinstance(policy, AdaptivePolicy):
-        out["used"] = list(policy._used.items())
+        out["times"] = [lst.time(k) for lst in policy._timed for k in lst.ordered()]
         out["clock"] = repr(policy._clock)
         out["share"] = policy.share
     return out

@@ -8,10 +8,13 @@ keys' own order would be caught. (Written to kill mutants that survived
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from kvtier.scheduler.policies import make_policy
-from kvtier.scheduler.policies.recency import RecencyList
+from kvtier.scheduler.policies.recency import FRESH_BATCHES, RecencyList
+from kvtier.scheduler.policies.timed import TimedRecencyList
 
 
 def order(rl: RecencyList[str], held: set[str] = frozenset(), protected: set[str] = frozenset()):  # type: ignore[assignment]
@@ -56,6 +59,22 @@ def test_a_touched_parked_block_is_offered_where_the_touch_put_it() -> None:
     assert order(rl) == ["y", "a", "z"]
 
 
+def test_a_stale_entry_of_a_block_parked_again_is_not_its_place() -> None:
+    """z's first release left an entry for its first parking; touched and parked
+    again after y and x, z comes back by its new parking number only (the search
+    that parked it again stopped at w, before reaching the stale entry)."""
+    rl = parked_list("w", "z")
+    rl.release("z")  # heap entry for z's first parking
+    rl.add_all(["y", "x"])
+    rl.touch("z")  # unparked, after x: the entry is stale
+    rl.release("w")
+    held = {"y", "x", "z"}
+    assert rl.coldest(1, held.__contains__, ()) == ["w"]  # parks y, x, then z again
+    for key in ("y", "x", "z"):
+        rl.release(key)
+    assert order(rl) == ["w", "y", "x", "z"]
+
+
 def test_a_block_released_twice_is_offered_once() -> None:
     rl = parked_list("z")
     rl.release("z")
@@ -80,3 +99,53 @@ def test_removing_a_block_that_is_not_there_names_it(name: str) -> None:
     policy = make_policy(name, 2)
     with pytest.raises(KeyError, match="gone"):
         policy.remove(b"gone")
+
+
+def test_a_stored_batch_released_while_blocks_are_parked_is_released_whole() -> None:
+    """A batch added while some key is parked is noted, and its release visits no
+    parked key; a parking in between forgets the note, so a batch key parked since
+    is still released and offered."""
+    rl = parked_list("p")  # p parked: later batches are noted
+    rl.add_all(["a", "b"])
+    assert list(rl._fresh) == [("a", "b")]
+    rl.release_all(["a", "b"])  # the usual store: nothing parked to release
+    assert rl._fresh == {} and order(rl, {"p"}) == ["a", "b"]
+    rl.add_all(["c", "d"])
+    assert order(rl, {"p", "a", "b", "c"}) == ["d"]  # parks a, b, c: the note goes
+    assert rl._fresh == {}
+    rl.release_all(["c", "d"])
+    rl.release_all(["a"])
+    assert order(rl, {"p"}) == ["a", "c", "d"]
+
+
+def test_a_batch_released_in_another_order_or_in_part_is_looked_up() -> None:
+    plain: RecencyList[str] = RecencyList()
+    plain.add_all(["x"])  # nothing parked: nothing to note
+    assert plain._fresh == {}
+    rl = parked_list("p")
+    rl.add_all(["a", "b", "c"])
+    rl.release_all(["c", "b", "a"])  # not the noted batch: each key looked up
+    rl.release_all(["a", "b"])
+    assert list(rl._fresh) == [("a", "b", "c")]
+    rl.release("p")
+    assert order(rl) == ["p", "a", "b", "c"]
+
+
+def test_notes_are_kept_for_the_last_batches_only() -> None:
+    rl = parked_list("p")
+    batches = [(f"k{i}",) for i in range(FRESH_BATCHES + 3)]
+    for batch in batches:
+        rl.add_all(batch)
+    assert list(rl._fresh) == batches[3:]
+    rl.release_all(batches[0])  # forgotten: looked up, and not parked
+    assert order(rl, {"p"}) == [key for (key,) in batches]
+
+
+def test_a_timed_list_notes_its_batches_too() -> None:
+    rl: TimedRecencyList[str] = TimedRecencyList(itertools.count())
+    rl.add("p")
+    rl.add_all(["x"])  # nothing parked yet: nothing to note
+    assert rl._fresh == {}
+    assert order(rl, {"p"}) == ["x"]
+    rl.add_all(["a"])
+    assert list(rl._fresh) == [("a",)]

@@ -25,22 +25,24 @@ a request is sampled by a CRC-32 of its first key (``sampling.is_sampled``).
 
 When the share shrinks, protected holds more than its share; until it is back
 within it, each victim is the older, by last use, of the two lists' coldest blocks
-(every block's last use is kept), and at share 0 a reused block or a returning ghost
-goes to probation's hot end -- so share 0 evicts as LRU does from the first eviction
-after the switch, and no call pays more than its own evictions. Eviction, pins and
-ghosts are ``slru``'s (held blocks are parked; eviction stays O(evicted)).
+(every block's last use is kept, as its value in a ``TimedRecencyList``), and at
+share 0 a reused block or a returning ghost goes to probation's hot end -- so share 0
+evicts as LRU does from the first eviction after the switch, and no call pays more
+than its own evictions. Eviction, pins and ghosts are ``slru``'s (held blocks are
+parked; eviction stays O(evicted)).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.slru import GHOST_FACTOR, PROTECTED_SHARE, SegmentedLRUPolicy
+from kvtier.scheduler.policies.timed import TimedRecencyList
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9)
 """Candidate protected shares (0.0 is LRU, 0.9 is ``slru``)."""
@@ -141,7 +143,13 @@ class AdaptivePolicy(SegmentedLRUPolicy):
     name = "adaptive"
 
     def __init__(self, capacity: int) -> None:
-        super().__init__(capacity)
+        # Both lists stamp each add and touch from one clock: the blocks' last uses.
+        self._clock = itertools.count()
+        self._timed: tuple[TimedRecencyList[BlockHash], TimedRecencyList[BlockHash]] = (
+            TimedRecencyList(self._clock),
+            TimedRecencyList(self._clock),
+        )
+        super().__init__(capacity, self._timed)
         rate = sample_rate(capacity)
         self._mask = rate - 1
         shadow_cap = max(1, capacity // rate)
@@ -153,8 +161,6 @@ class AdaptivePolicy(SegmentedLRUPolicy):
         # nothing yet, and the reused blocks are already in protected if it wins.
         self._leader = len(SHARES) - 1
         self._share_cap = int(capacity * SHARES[self._leader])
-        self._used: dict[BlockHash, int] = {}  # key -> time of its last add or touch
-        self._clock = itertools.count()
 
     @property
     def share(self) -> float:
@@ -181,30 +187,6 @@ class AdaptivePolicy(SegmentedLRUPolicy):
             self._share_cap = int(self.capacity * SHARES[best])
         self._left = self._window
 
-    def add(self, key: BlockHash) -> None:
-        self._used[key] = next(self._clock)
-        super().add(key)
-
-    def add_all(self, keys: Sequence[BlockHash]) -> None:
-        self._used.update(zip(keys, self._clock, strict=False))  # each key's time, in turn, in C
-        super().add_all(keys)
-
-    def touch(self, key: BlockHash, reused: bool) -> None:
-        self._used[key] = next(self._clock)
-        super().touch(key, reused)
-
-    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
-        self._used.update(zip(keys, self._clock, strict=False))  # a repeated key: its last
-        super().touch_all(keys, storing)
-
-    def remove(self, key: BlockHash) -> None:
-        super().remove(key)
-        del self._used[key]
-
-    def remove_all(self, keys: Sequence[BlockHash]) -> None:
-        super().remove_all(keys)
-        deque(map(self._used.__delitem__, keys), maxlen=0)
-
     def choose_victims(
         self,
         n: int,
@@ -217,14 +199,16 @@ class AdaptivePolicy(SegmentedLRUPolicy):
             return super().choose_victims(n, is_held, protected, incoming)
         # Protected is over the share: the older (by last use) of the two lists'
         # coldest blocks goes until it is back within it -- at share 0, LRU's victim.
-        used = self._used
-        from_prob = self._probation.evictable(is_held, protected)
-        from_prot = self._protected.evictable(is_held, protected)
+        probation, protected_list = self._timed
+        from_prob = probation.evictable(is_held, protected)
+        from_prot = protected_list.evictable(is_held, protected)
         victims: list[BlockHash] = []
         try:
             a, b = next(from_prob, None), next(from_prot, None)
             while len(victims) < n:
-                if b is not None and (a is None or (excess > 0 and used[b] < used[a])):
+                if b is not None and (
+                    a is None or (excess > 0 and protected_list.time(b) < probation.time(a))
+                ):
                     victims.append(b)
                     excess -= 1
                     b = next(from_prot, None)

@@ -18,6 +18,14 @@ in a heap keyed by their parking sequence and are offered before the list::
 
 A touch of a parked block simply moves it back to the hot end of the list.
 
+Releasing a batch that ``add_all`` added while keys were parked (a store completing)
+is free: the batch is noted, the note forgotten at the next parking, and none of its
+keys can be parked meanwhile, so its release looks none up among the parked keys.
+
+Each key carries a value, kept while the key is parked and moved with it by
+``transfer``: ``None`` here; ``TimedRecencyList`` (``policies/timed.py``) keeps the
+key's last-use time there, for the adaptive policy's comparisons between two lists.
+
 ``coldest(n)`` is the fast path of a search: when nothing is waiting in the heap and
 the ``n`` coldest keys of the list are neither held nor protected -- the usual case --
 they are the answer, taken and checked by C-level iteration (``islice``, ``map``),
@@ -42,17 +50,24 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
+FRESH_BATCHES = 64
+"""Batches remembered as added since the last parking (stores in flight, roughly)."""
+
 
 class RecencyList(Generic[K]):
     """An LRU order over keys where held keys are parked instead of skipped."""
 
-    __slots__ = ("_order", "_parked", "_released", "_seq")
+    __slots__ = ("_fresh", "_order", "_parked", "_released", "_seq")
 
     def __init__(self) -> None:
-        self._order: OrderedDict[K, None] = OrderedDict()
-        self._parked: dict[K, int] = {}  # key -> parking sequence number
+        self._order: OrderedDict[K, int | None] = OrderedDict()  # key -> its value
+        # key -> (parking sequence number, its value); in parking order
+        self._parked: dict[K, tuple[int, int | None]] = {}
         self._released: list[tuple[int, K]] = []  # heap of parked keys offered first
         self._seq = 0
+        # Batches added (add_all) while keys were parked, and since the last parking:
+        # none of their keys can be parked, so releasing one visits nothing.
+        self._fresh: dict[tuple[K, ...], None] = {}
 
     def __len__(self) -> int:
         return len(self._order) + len(self._parked)
@@ -67,6 +82,15 @@ class RecencyList(Generic[K]):
     def add_all(self, keys: Sequence[K]) -> None:
         """Add new keys, in order, as the most recent (none may be in the list)."""
         self._order.update(zip(keys, repeat(None)))  # one C-level pass
+        if self._parked:
+            self._note_fresh(keys)
+
+    def _note_fresh(self, keys: Sequence[K]) -> None:
+        """Remember a batch just added while some keys are parked (``release_all``)."""
+        fresh = self._fresh
+        fresh[tuple(keys)] = None
+        if len(fresh) > FRESH_BATCHES:
+            del fresh[next(iter(fresh))]  # the oldest: its release just looks its keys up
 
     def touch(self, key: K) -> None:
         """Make a key that is in the list the most recent."""
@@ -170,21 +194,24 @@ class RecencyList(Generic[K]):
 
     def release(self, key: K) -> None:
         """Tell the list that ``key`` is evictable again (after being held)."""
-        seq = self._parked.get(key)
-        if seq is not None:
-            heapq.heappush(self._released, (seq, key))
+        entry = self._parked.get(key)
+        if entry is not None:
+            heapq.heappush(self._released, (entry[0], key))
 
     def release_all(self, keys: Sequence[K]) -> None:
         """``release`` each key; nothing to do unless some key was parked.
 
         Only the parked keys among ``keys`` are visited (a C-level intersection), so
-        releasing costs nothing per pinned block elsewhere in the list. The order of
-        the pushes does not matter: the heap orders them by parking sequence.
+        releasing costs nothing per pinned block elsewhere in the list; and a batch
+        noted by ``add_all`` since the last parking (a store completing: the usual
+        release) visits nothing at all, as none of its keys can be parked. The order
+        of the pushes does not matter: the heap orders them by parking sequence.
         """
         parked = self._parked
-        if parked:
+        # ``pop`` answers None (the note's value) for a noted batch, False otherwise.
+        if parked and self._fresh.pop(tuple(keys), False) is not None:
             for key in parked.keys() & keys:
-                heapq.heappush(self._released, (parked[key], key))
+                heapq.heappush(self._released, (parked[key][0], key))
 
     def coldest(
         self, n: int, is_held: Callable[[K], bool], protected: Collection[K]
@@ -210,6 +237,16 @@ class RecencyList(Generic[K]):
         """Every key, coldest first: the parked ones by parking order, then the list."""
         return sorted(self._parked, key=self._parked.__getitem__) + list(self._order)
 
+    def transfer(self, keys: Sequence[K], to: RecencyList[K]) -> None:
+        """Move ``keys`` (distinct, each in this list, none in ``to``) to the hot end
+        of ``to``, in order, each with its value (a demotion keeps the block's time)."""
+        order, parked = self._order, self._parked
+        if parked and not parked.keys().isdisjoint(keys):
+            values = [order.pop(key) if key in order else parked.pop(key)[1] for key in keys]
+        else:  # the usual case: one C-level pass
+            values = list(map(order.pop, keys))
+        to._order.update(zip(keys, values, strict=True))
+
     def first(self) -> K:
         """The coldest key, held or not: the first key parked (parked keys are colder
         than the list, and ``_parked`` holds them in parking order), else the list's."""
@@ -232,9 +269,9 @@ class RecencyList(Generic[K]):
             key = next(iter(order))
             if not is_held(key):
                 break
-            del order[key]
-            self._parked[key] = self._seq
+            self._parked[key] = (self._seq, order.pop(key))
             self._seq += 1
+            self._fresh.clear()  # a batch added before may hold this key
         yield from self._released_evictable(is_held, protected)
         for key in order:
             if key not in protected and not is_held(key):
@@ -252,13 +289,15 @@ class RecencyList(Generic[K]):
         try:
             while heap:
                 seq, key = heapq.heappop(heap)
-                if self._parked.get(key) != seq or is_held(key) or key in seen:
+                entry = self._parked.get(key)
+                if entry is None or entry[0] != seq or is_held(key) or key in seen:
                     continue  # touched, removed, held again, or released twice
                 seen.add(key)
                 keep.append((seq, key))
                 if key not in protected:
                     yield key
         finally:
-            for entry in keep:
-                if self._parked.get(entry[1]) == entry[0]:
-                    heapq.heappush(heap, entry)
+            for seq, key in keep:
+                entry = self._parked.get(key)
+                if entry is not None and entry[0] == seq:
+                    heapq.heappush(heap, (seq, key))

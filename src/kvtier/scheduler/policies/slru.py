@@ -49,9 +49,14 @@ class SegmentedLRUPolicy(SegmentedPolicy):
 
     name = "slru"
 
-    def __init__(self, capacity: int) -> None:
-        self._probation: RecencyList[BlockHash] = RecencyList()
-        self._protected: RecencyList[BlockHash] = RecencyList()
+    def __init__(
+        self,
+        capacity: int,
+        lists: tuple[RecencyList[BlockHash], RecencyList[BlockHash]] | None = None,
+    ) -> None:
+        """``lists``: the probation and protected lists, empty (default: plain ones;
+        the adaptive policy passes timed ones)."""
+        self._probation, self._protected = lists or (RecencyList(), RecencyList())
         super().__init__(capacity, (self._probation, self._protected))
         self._ghost = GhostList()
         self._protected_cap = max(1, int(capacity * PROTECTED_SHARE))
@@ -98,8 +103,7 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         # promoted blocks and gains the demoted ones at its hot end.
         self._probation.remove_all(promoted)
         protected.move_all_to_end(keys)
-        protected.remove_all(demoted)
-        self._probation.add_all(demoted)
+        protected.transfer(demoted, self._probation)
 
     def choose_victims(
         self,
@@ -143,6 +147,4 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         """Make ``key`` the most recent protected block; demote overflow to probation."""
         self._protected.add(key)
         if len(self._protected) > self._protected_cap:
-            demoted = self._protected.first()
-            self._protected.remove(demoted)
-            self._probation.add(demoted)
+            self._protected.transfer([self._protected.first()], self._probation)

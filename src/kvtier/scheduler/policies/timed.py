@@ -1,0 +1,81 @@
+"""``TimedRecencyList``: a ``RecencyList`` whose keys carry their last-use time.
+
+Runs in the scheduler; pure Python. The adaptive policy compares the coldest blocks
+of two lists by last use (``policies/adaptive.py``), so it needs every resident
+block's last-use time. Kept as the value of the key in the list's own ``OrderedDict``,
+a time costs nothing more to store or drop than the key (a separate map cost a
+hash-table insert and delete per stored block, and one more write per touch)::
+
+    clock (shared by the lists of a policy): 0, 1, 2, ...
+    add / touch of a key ─► the key's value = the clock's next value, in call order
+
+A key moved to another list by ``transfer`` (a demotion) keeps its time; a parked key
+keeps it while parked. Every method stamps each key it adds or touches once, in the
+order of its keys, so a batch method leaves the same times as its per-key loop.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from itertools import islice
+
+from kvtier.scheduler.policies.recency import K, RecencyList
+
+
+class TimedRecencyList(RecencyList[K]):
+    """A recency list that stamps each add and touch with the next value of ``clock``.
+
+    Args:
+        clock: the time source, shared by the lists whose times are compared.
+    """
+
+    __slots__ = ("_clock",)
+
+    def __init__(self, clock: Iterator[int]) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def time(self, key: K) -> int:
+        """The key's last-use time (it must be in the list, parked or not)."""
+        time = self._order.get(key)
+        if time is None:
+            time = self._parked[key][1]
+        assert time is not None, "every key of a timed list has a time"
+        return time
+
+    def add(self, key: K) -> None:
+        self._order[key] = next(self._clock)
+
+    def add_all(self, keys: Sequence[K]) -> None:
+        # zip takes a key before a time, so the clock is not advanced past the keys.
+        self._order.update(zip(keys, self._clock, strict=False))
+        if self._parked:
+            self._note_fresh(keys)
+
+    def touch(self, key: K) -> None:
+        order = self._order
+        if key in order:
+            order.move_to_end(key)
+        else:
+            del self._parked[key]
+        order[key] = next(self._clock)
+
+    def touch_all(self, keys: Sequence[K]) -> None:
+        parked = self._parked
+        if parked and not parked.keys().isdisjoint(keys):
+            for key in keys:
+                self.touch(key)
+        else:  # the usual case: two C-level passes
+            deque(map(self._order.move_to_end, keys), maxlen=0)
+            # a repeated key keeps its last time
+            self._order.update(zip(keys, self._clock, strict=False))
+
+    def touch_listed(self, keys: Sequence[K]) -> int:
+        done = super().touch_listed(keys)
+        self._order.update(zip(islice(keys, done), self._clock, strict=False))
+        return done
+
+    def move_all_to_end(self, keys: Sequence[K]) -> None:
+        super().move_all_to_end(keys)
+        self._order.update(zip(keys, self._clock, strict=False))
