@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from disk_probes import cpu_seconds, device_reads
 
 from kvtier import options
 from kvtier.bench.disk import evict_own_files
@@ -58,23 +58,6 @@ from kvtier.results import write_result
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 
 FINGERPRINT = b"cold-ab-fingerprint-0123456789.."
-
-
-def device_reads(path: Path) -> tuple[int, int]:
-    """``(read requests completed, sectors read)`` of the block device holding ``path``."""
-    dev = os.stat(path).st_dev
-    try:
-        fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
-    except OSError:
-        return (0, 0)
-    return int(fields[0]), int(fields[2])
-
-
-def cpu_seconds() -> float:
-    """CPU seconds this process and its waited-for children have used."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 class Fixture:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -47,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from disk_probes import cpu_seconds, device_reads
 
 from kvtier import options
 from kvtier.bench.disk import evict_own_files
@@ -128,25 +128,6 @@ class Side:
     def close(self) -> None:
         self.handlers.shutdown()
         self.store.close()
-
-
-def device_reads(path: Path) -> tuple[int, int]:
-    """``(read requests completed, sectors read)`` of the block device holding ``path``."""
-    dev = os.stat(path).st_dev
-    try:
-        fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
-    except OSError:
-        return (0, 0)
-    return int(fields[0]), int(fields[2])
-
-
-def cpu_seconds() -> float:
-    """CPU seconds this process and its waited-for children have used."""
-    me, kids = (
-        resource.getrusage(resource.RUSAGE_SELF),
-        resource.getrusage(resource.RUSAGE_CHILDREN),
-    )
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def medians(

@@ -29,7 +29,6 @@ import argparse
 import mmap
 import os
 import random
-import resource
 import statistics
 import subprocess
 import time
@@ -38,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from disk_probes import cpu_seconds, device_reads
 
 from kvtier import options
 from kvtier.results import write_result
@@ -58,22 +58,6 @@ def queue_limits(path: Path) -> dict[str, str]:
         except OSError:
             out[name] = "unknown"
     return out
-
-
-def device_reads(path: Path) -> tuple[int, int]:
-    """``(read requests completed, sectors read)`` of the block device holding ``path``."""
-    dev = os.stat(path).st_dev
-    try:
-        fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
-    except OSError:
-        return (0, 0)
-    return int(fields[0]), int(fields[2])
-
-
-def cpu_seconds() -> float:
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def main() -> None:
