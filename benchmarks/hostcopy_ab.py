@@ -1,26 +1,25 @@
-"""Old and new host page copier side by side in one run (CPU stand-in of GPU<->CPU).
+"""The host page copier's two paths side by side in one run: compiled rows vs numpy.
 
 Run from the repository root: ``PYTHONPATH=src python benchmarks/hostcopy_ab.py
-[repeats] [out.json]``. "old" is ``HostPageCopier`` as of commit 1dbccb5 (scattered
-rows through two staging buffers laid out like the slab, gather and scatter overlapped
-on a helper thread), loaded from git; "new" is the working tree's (scattered rows
-moved straight between fragment and slab, per fragment and ~256 KiB chunk, by numpy;
-fragments of 32 KiB and more one ``np.copyto`` per row since 2026-11-23 18:00 UTC).
-"memmove" is a third candidate: one ``ctypes.memmove`` per fragment row, addresses
-computed before timing, first checked to leave exactly the bytes the copier leaves.
-Each value is a plain torch
-``copy_`` of the job's bytes divided by the copier's time for the job (higher is
-better), median of ``repeats`` round-robin passes; 2 layers (4 fragments), GPU ids
-random.
+[repeats] [out.json]``. Both are ``HostPageCopier`` over the same fragments, slab and
+plan: "native" with the compiled row copier (``worker/rowcopy.c``, one call per job),
+"numpy" with ``KVTIER_NATIVE_COPY=0`` (the fallback: chunked fancy indexing, or one
+``np.copyto`` per row from 32 KiB). Before timing, both are checked to leave exactly
+the same bytes as a reference built by per-row torch slicing.
+
+Each candidate is timed in CPU time of the calling thread (``time.thread_time``; a
+loaded machine disturbs it less than wall time) and in wall time, one thread (torch
+set to one), median of ``repeats`` round-robin passes. Reported as GB/s and as the
+ratio to ``plain1``, one contiguous torch ``copy_`` of the job's bytes on one thread
+(higher is better). 2 layers (4 fragments), GPU ids random, host ids random or
+contiguous.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import json
+import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -29,138 +28,133 @@ import numpy as np
 import torch
 
 from kvtier.bench.report import git_commit, machine_info
-from kvtier.worker import pagecopy as new
 from kvtier.worker.blockmap import RowPlan
+from kvtier.worker.pagecopy import HostPageCopier, slab_fragments
+from kvtier.worker.rowcopy import SWITCH_ENV
 
-OLD_COMMIT = "1dbccb5"
-
-
-def old_module() -> object:
-    src = subprocess.run(
-        ["git", "show", f"{OLD_COMMIT}:src/kvtier/worker/pagecopy.py"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    spec = importlib.util.spec_from_loader("old_pagecopy", loader=None)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["old_pagecopy"] = module  # its dataclasses look their module up
-    exec(compile(src, "old_pagecopy", "exec"), module.__dict__)
-    return module
-
-
-def one_pass_memmove(
-    frags: list[torch.Tensor], slab: torch.Tensor, plan: RowPlan
-) -> tuple[Callable[[], None], Callable[[], None]]:
-    """Store and load with one ``memmove`` per fragment row (addresses precomputed)."""
-    page, size, base = int(frags[0].shape[1]), int(slab.shape[1]), slab.data_ptr()
-    rows = zip(plan.gpu_rows.tolist(), plan.cpu_rows.tolist(), strict=True)
-    pairs = [
-        (base + c * size + i * page, f.data_ptr() + g * page)
-        for g, c in rows
-        for i, f in enumerate(frags)
-    ]
-    move = ctypes.memmove
-
-    def store() -> None:
-        for dst, src in pairs:
-            move(dst, src, page)
-
-    def load() -> None:
-        for dst, src in pairs:
-            move(src, dst, page)
-
-    return store, load
+LAYERS = 2
+CASES = (
+    (8192, 16),
+    (8192, 256),
+    (8192, 4096),
+    (16384, 16),
+    (16384, 256),
+    (16384, 4096),
+    (65536, 16),
+    (65536, 256),
+    (262144, 16),
+    (262144, 256),
+)
 
 
-def check_same_bytes(
-    copier: object,
-    plan: RowPlan,
-    frags: list[torch.Tensor],
-    slab: torch.Tensor,
-    candidates: dict[str, tuple[Callable[[], None], Callable[[], None]]],
+def copier(frags: list[torch.Tensor], slab: torch.Tensor, native: bool) -> HostPageCopier:
+    old = os.environ.get(SWITCH_ENV)
+    os.environ[SWITCH_ENV] = "1" if native else "0"
+    try:
+        made = HostPageCopier(frags, slab)
+    finally:
+        if old is None:
+            del os.environ[SWITCH_ENV]
+        else:
+            os.environ[SWITCH_ENV] = old
+    assert made.kind == ("native" if native else "numpy"), made.kind
+    return made
+
+
+def check_bytes(
+    copiers: dict[str, HostPageCopier], plan: RowPlan, frags: list[torch.Tensor], slab: torch.Tensor
 ) -> None:
-    """Each candidate leaves the slab (store) and the fragments (load) exactly as the
-    copier does; the slab and fragments are restored afterwards."""
+    """Every copier's store and load leave the bytes of a per-row torch reference."""
     slab0, frags0 = slab.clone(), [f.clone() for f in frags]
-    copier.copy(plan, True)  # type: ignore[attr-defined]
-    want_slab = slab.clone()
-    copier.copy(plan, False)  # type: ignore[attr-defined]
-    want_frags = [f.clone() for f in frags]
-    for name, (store, load) in candidates.items():
+    cols = slab_fragments(slab, [int(f.shape[1]) for f in frags])
+    rows = list(zip(plan.gpu_rows.tolist(), plan.cpu_rows.tolist(), strict=True))
+    want_slab = slab0.clone()
+    want_cols = slab_fragments(want_slab, [int(f.shape[1]) for f in frags])
+    for g, c in rows:
+        for f, col in zip(frags0, want_cols, strict=True):
+            col[c] = f[g]
+    for name, cp in copiers.items():
         slab.copy_(slab0)
-        store()
+        cp.copy(plan, True)
         assert torch.equal(slab, want_slab), f"{name} store differs"
+        for f in frags:
+            f.zero_()
+        cp.copy(plan, False)
+        for f, col in zip(frags, cols, strict=True):
+            for g, c in rows:
+                assert torch.equal(f[g], col[c]), f"{name} load differs"
         for f, f0 in zip(frags, frags0, strict=True):
             f.copy_(f0)
-        load()
-        assert all(torch.equal(f, w) for f, w in zip(frags, want_frags, strict=True)), name
     slab.copy_(slab0)
-    for f, f0 in zip(frags, frags0, strict=True):
-        f.copy_(f0)
 
 
-def one_case(old: object, page: int, blocks: int, ids: str, repeats: int) -> dict[str, object]:
-    layers, gen = 2, torch.Generator().manual_seed(0)
-    size = page * 2 * layers
+def one_case(page: int, blocks: int, ids: str, repeats: int) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(0)
+    size = page * 2 * LAYERS
     frags = [
         torch.randint(0, 256, (2 * blocks, page), dtype=torch.uint8, generator=gen)
-        for _ in range(2 * layers)
+        for _ in range(2 * LAYERS)
     ]
-    slab = torch.ones((2 * blocks, size), dtype=torch.uint8)
+    slab = torch.randint(0, 256, (2 * blocks, size), dtype=torch.uint8, generator=gen)
     gpu = torch.randperm(2 * blocks, generator=gen)[:blocks].numpy().astype(np.int64)
     cpu = torch.randperm(2 * blocks, generator=gen)[:blocks].numpy().astype(np.int64)
     if ids == "contiguous":
         cpu = np.arange(blocks, dtype=np.int64)
     plan = RowPlan.pairing(gpu, cpu)
-    a = old.HostPageCopier(frags, slab)  # type: ignore[attr-defined]
-    b = new.HostPageCopier(frags, slab)
-    mm_g2c, mm_c2g = one_pass_memmove(frags, slab, plan)
-    check_same_bytes(b, plan, frags, slab, {"memmove": (mm_g2c, mm_c2g)})
+    copiers = {"native": copier(frags, slab, True), "numpy": copier(frags, slab, False)}
+    check_bytes(copiers, plan, frags, slab)
     src = torch.ones(blocks * size, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    fns: dict[str, Callable[[], object]] = {
-        "plain": lambda: dst.copy_(src),
-        "old_g2c": lambda: a.copy(plan, True),
-        "new_g2c": lambda: b.copy(plan, True),
-        "old_c2g": lambda: a.copy(plan, False),
-        "new_c2g": lambda: b.copy(plan, False),
-        "memmove_g2c": mm_g2c,
-        "memmove_c2g": mm_c2g,
-    }
+    fns: dict[str, Callable[[], object]] = {"plain1": lambda: dst.copy_(src)}
+    for name, cp in copiers.items():
+        fns[f"{name}_g2c"] = lambda cp=cp: cp.copy(plan, True)
+        fns[f"{name}_c2g"] = lambda cp=cp: cp.copy(plan, False)
     for fn in fns.values():
         fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
+    cpu_t: dict[str, list[float]] = {k: [] for k in fns}
+    wall_t: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            c0, w0 = time.thread_time(), time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - t0)
-    b.close()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    ratios = {k: round(med["plain"] / v, 3) for k, v in med.items() if k != "plain"}
-    plain = round(blocks * size / med["plain"] / 1e9, 2)
-    return {"page_bytes": page, "blocks": blocks, "ids": ids, "plain_gbps": plain, **ratios}
+            cpu_t[name].append(time.thread_time() - c0)
+            wall_t[name].append(time.perf_counter() - w0)
+    nbytes = blocks * size
+    row: dict[str, object] = {"page_bytes": page, "blocks": blocks, "ids": ids}
+    for clock, times in (("cpu", cpu_t), ("wall", wall_t)):
+        med = {k: max(statistics.median(v), 1e-9) for k, v in times.items()}
+        row[f"{clock}_gbps"] = {k: round(nbytes / v / 1e9, 2) for k, v in med.items()}
+        row[f"{clock}_ratio"] = {
+            k: round(med["plain1"] / v, 3) for k, v in med.items() if k != "plain1"
+        }
+    return row
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 15
     out = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/hostcopy-ab.json"
-    old = old_module()
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
     rows = []
-    for page in (8192, 16384, 65536):
-        for blocks in (256, 4096):
-            if blocks * page * 4 > (128 << 20):
-                continue
-            for ids in ("random", "contiguous"):
-                rows.append(one_case(old, page, blocks, ids, repeats))
-                print(rows[-1], flush=True)
+    for page, blocks in CASES:
+        for ids in ("random", "contiguous"):
+            rows.append(one_case(page, blocks, ids, repeats))
+            r = rows[-1]
+            print(
+                f"{page // 1024:>4} KiB x {blocks:>4} {ids:<10} cpu GB/s {r['cpu_gbps']}",
+                flush=True,
+            )
     result = {
         "benchmark": "hostcopy_ab",
         "machine": machine_info(),
         "commit": git_commit(),
-        "config": {"old_commit": OLD_COMMIT, "layers": 2, "repeats": repeats},
+        "config": {
+            "layers": LAYERS,
+            "repeats": repeats,
+            "threads": 1,
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
         "rows": rows,
     }
     with open(out, "w") as f:

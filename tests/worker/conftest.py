@@ -6,11 +6,15 @@ the same checks on a GPU when one is present.
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
-from kvtier.worker import KVLayout
+from kvtier.worker import KVLayout, rowcopy
 
 LAYOUTS = list(KVLayout)
 DTYPES = [torch.float16, torch.bfloat16, torch.uint8]
@@ -74,3 +78,17 @@ DEVICES = [
         ],
     ),
 ]
+
+
+def require_native() -> rowcopy.NativeRowCopier:
+    """The compiled row copier; skips (saying why) only when there is no C compiler.
+
+    With a compiler on PATH a copier that fails to build or load fails the test: the
+    native path's tests must not skip silently where they can run (CI installs gcc).
+    """
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(shlex.split(cc)[0]) is None:
+        pytest.skip(f"no C compiler ({cc!r} is not on PATH): the native row copier cannot build")
+    native = rowcopy.native_row_copier()
+    assert native is not None, f"{cc} is on PATH but the native row copier did not load"
+    return native

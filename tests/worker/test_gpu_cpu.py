@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from kvtier.errors import ConfigError
 from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
-from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout, TransferResult, pagecopy
+from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout, TransferResult, pagecopy, rowcopy
 
-from .conftest import DEVICES, DTYPES, GPU_BLOCK_SIZE, LAYOUTS, all_pages, make_kv
+from .conftest import DEVICES, DTYPES, GPU_BLOCK_SIZE, LAYOUTS, all_pages, make_kv, require_native
 
 NUM_GPU_BLOCKS, NUM_CPU_BLOCKS = 16, 6
 
@@ -35,15 +35,33 @@ def sub_blocks(handlers: CpuGpuOffloadingHandlers) -> np.ndarray:
     return handlers.host_slab.tensor.view(-1, page).cpu().numpy().copy()
 
 
-COPY_PATHS = ["runs", "runs-1-row-chunks", "staged", "staged-1-row-chunks", "by-row"]
+COPY_PATHS = [
+    "native",
+    "native-streaming",
+    "runs",
+    "runs-1-row-chunks",
+    "staged",
+    "staged-1-row-chunks",
+    "by-row",
+]
 
 
 def force_copy_path(mp: pytest.MonkeyPatch, path: str) -> None:
-    """Make every job take one copy strategy: run by run, or staged (scattered rows:
-    through a bounce buffer on CUDA, chunk by chunk on the host). One-row chunks make
-    the host copier split every run and every job into many calls. ``by-row``: the
-    host copier copies row by row, as it does for large fragments (set before the
-    handlers are built; the CUDA copier has no such path)."""
+    """Make every job take one copy strategy (set before the handlers are built).
+
+    ``native``: the host copier's compiled row copier (the default where a C compiler
+    is), with ordinary stores; ``native-streaming``: the same with non-temporal stores.
+    The others are for the CUDA copier and the host copier's numpy fallback
+    (``KVTIER_NATIVE_COPY=0``): run by run, or staged (scattered rows: through a bounce
+    buffer on CUDA, chunk by chunk on the host). One-row chunks make the host copier
+    split every run and every job into many calls. ``by-row``: the host copier copies
+    row by row, as it does for large fragments (the CUDA copier has no such path).
+    """
+    if path.startswith("native"):
+        require_native()
+        mp.setattr(rowcopy, "STREAM_MIN_BYTES", 0 if path.endswith("streaming") else 1 << 60)
+        return
+    mp.setenv(rowcopy.SWITCH_ENV, "0")
     staged = path.startswith("staged")
     mp.setattr(pagecopy, "RUN_MIN_BYTES", 1 << 60 if staged else 0)
     mp.setattr(pagecopy, "MAX_DIRECT_RUNS", 0 if staged else 1 << 60)
@@ -74,6 +92,9 @@ def test_round_trip_byte_exact(layout, factor, skip, dtype, device, copy_path) -
     )
     h.host_slab.tensor.copy_(torch.randint(0, 256, h.host_slab.tensor.shape, dtype=torch.uint8))
     gpu_before, slab_before = all_pages(kv, layout), sub_blocks(h)
+    if device == "cpu":  # the host copier took the path asked for
+        kind = "native" if copy_path.startswith("native") else "numpy"
+        assert h.gpu_to_cpu_handler._copier.kind == h.cpu_to_gpu_handler._copier.kind == kind
 
     cpu_ids = (4, 1, 2)  # two runs of offloaded blocks, out of order
     n = len(cpu_ids) * factor - skip

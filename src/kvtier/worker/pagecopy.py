@@ -65,6 +65,7 @@ import torch
 
 from kvtier.worker.blockmap import RowPlan
 from kvtier.worker.kv_view import as_words, word_dtype
+from kvtier.worker.rowcopy import check_rows, native_row_copier
 
 RUN_MIN_BYTES = 64 * 1024
 """Average bytes per call below which scattered rows are copied chunk by chunk."""
@@ -131,13 +132,25 @@ def scattered(plan: RowPlan, bytes_per_row_call: int) -> bool:
 
 
 class HostPageCopier:
-    """Copies between host-resident fragments and the slab, in the calling thread."""
+    """Copies between host-resident fragments and the slab, in the calling thread.
+
+    Attributes:
+        kind: ``"native"`` (the compiled row copier, one call per job) or ``"numpy"``
+            (the fallback: no compiler, or ``KVTIER_NATIVE_COPY=0``).
+    """
 
     def __init__(self, gpu_frags: Sequence[torch.Tensor], slab_sub: torch.Tensor) -> None:
         """Args: gpu_frags: ``(num_gpu_blocks, frag_bytes)`` uint8 views; slab_sub:
         ``(num_cpu_blocks * f, page_bytes)`` uint8 view of the slab."""
         frag_bytes = [int(f.shape[1]) for f in gpu_frags]
         cpu_frags = slab_fragments(slab_sub, frag_bytes)
+        self._gpu_rows = min(int(f.shape[0]) for f in gpu_frags)
+        self._cpu_rows = int(slab_sub.shape[0])
+        native = native_row_copier()
+        self.kind = "numpy" if native is None else "native"
+        self._routes = None
+        if native is not None:  # (store, load)
+            self._routes = (native.route(gpu_frags, cpu_frags), native.route(cpu_frags, gpu_frags))
         self._gpu = [row_items(f) for f in gpu_frags]
         self._cpu = [row_items(v) for v in cpu_frags]
         self._page_bytes = int(slab_sub.shape[1])
@@ -151,6 +164,14 @@ class HostPageCopier:
         n = len(plan)
         if n == 0:
             return 0, None
+        if self._routes is not None:  # one call; the route checks every row first
+            if gpu_to_cpu:
+                self._routes[0].copy(plan.gpu_rows, plan.cpu_rows)
+            else:
+                self._routes[1].copy(plan.cpu_rows, plan.gpu_rows)
+            return n * self._page_bytes, None
+        check_rows(plan.gpu_rows, self._gpu_rows, "GPU")  # numpy would wrap a negative row
+        check_rows(plan.cpu_rows, self._cpu_rows, "host")
         if self._by_row:
             self._copy_by_row(plan, gpu_to_cpu)
         elif scattered(plan, self._page_bytes // len(self._gpu)):

@@ -1,0 +1,312 @@
+"""The compiled row copy loop: build ``rowcopy.c`` once, load it, call it once per job.
+
+Runs in the worker process, in the handler lane's thread (the CPU stand-in of the
+GPU<->CPU copies, ``pagecopy.HostPageCopier``). numpy and torch have no primitive that
+copies a set of scattered rows to another set of scattered rows in one pass, and one
+Python call per row costs as much as copying an 8 KiB row (``docs/worker.md``). The C
+loop does exactly that: one ``memmove`` per row and fragment, one call per job.
+
+Building: on first use in a process, the system C compiler (``$CC``, else ``cc``)
+compiles the source shipped in this package with ``-O2 -shared -fPIC`` into a cache
+directory (``$KVTIER_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/kvtier/native``, else
+``~/.cache/kvtier/native``), under a subdirectory named by a digest of the source,
+the compiler command, the flags and the platform. The build writes a temporary file
+in that directory and renames it into place (atomic), so processes that build at
+once each end with a whole library. A cached library that will not load is rebuilt.
+
+Falling back: with no compiler, a failed build, a library that does not load or that
+fails its self-test, ``native_row_copier()`` logs one warning and returns ``None``;
+the caller then copies with numpy (correct, slower). ``KVTIER_NATIVE_COPY=0`` asks
+for the fallback outright.
+
+Safety: ``RowRoute.copy`` checks, before every call into C, that the row arrays are
+int64, of one length, and below each side's row count (a wrong index in C would write
+out of bounds): a bad plan raises ``TransferSpecError`` and nothing is copied.
+
+Threads: the library is loaded with ``ctypes.CDLL``, whose calls release the GIL
+(``ctypes.PyDLL`` would hold it), so the store lane and the load lane copy at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kvtier.errors import TransferSpecError
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("rowcopy.c")
+CFLAGS = ("-O2", "-shared", "-fPIC")
+ABI = 2
+"""What ``kvtier_rowcopy_abi()`` returns for the signature this module calls."""
+SWITCH_ENV = "KVTIER_NATIVE_COPY"
+CACHE_ENV = "KVTIER_NATIVE_CACHE"
+BUILD_TIMEOUT_S = 120
+STREAM_MIN_BYTES = 4 << 20
+"""Jobs of at least this many bytes write their destination with non-temporal stores
+(it would not stay in the caches anyway; measured in ``docs/worker.md``)."""
+
+_I64P = ctypes.POINTER(ctypes.c_int64)
+_UPTRP = ctypes.POINTER(ctypes.c_size_t)  # uintptr_t: pointer-sized, unsigned
+
+
+class NativeRowCopier:
+    """The loaded library (one per process, shared by every copier)."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+        self.path = path
+        fn = lib.kvtier_copy_rows
+        fn.restype = None
+        fn.argtypes = [
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            _UPTRP,
+            _I64P,
+            _UPTRP,
+            _I64P,
+            _I64P,
+            ctypes.c_int32,
+        ]
+        self.copy_rows = fn
+
+    def route(self, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> RowRoute:
+        """A route from ``src`` fragments to ``dst`` fragments (pairwise, same widths)."""
+        return RowRoute(self, src, dst)
+
+
+class RowRoute:
+    """Source and destination fragments, described once for one C call per job.
+
+    Each fragment is a 2-D uint8 host tensor whose rows are contiguous; fragment ``f``
+    of the source and of the destination have the same row width. Keeps the tensors
+    alive as long as the route.
+    """
+
+    def __init__(
+        self, native: NativeRowCopier, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]
+    ) -> None:
+        if len(src) != len(dst) or not src:
+            raise ValueError(f"{len(src)} source and {len(dst)} destination fragments")
+        for s, d in zip(src, dst, strict=True):
+            _check_rows_view(s)
+            _check_rows_view(d)
+            if s.shape[1] != d.shape[1]:
+                raise ValueError(f"fragment widths differ: {s.shape[1]} and {d.shape[1]}")
+        self._tensors = (tuple(src), tuple(dst))
+        self._fn = native.copy_rows
+        self.src_rows = min(int(s.shape[0]) for s in src)
+        self.dst_rows = min(int(d.shape[0]) for d in dst)
+        n = len(src)
+        self._tables = (
+            (ctypes.c_size_t * n)(*(s.data_ptr() for s in src)),
+            (ctypes.c_int64 * n)(*(_row_stride(s) for s in src)),
+            (ctypes.c_size_t * n)(*(d.data_ptr() for d in dst)),
+            (ctypes.c_int64 * n)(*(_row_stride(d) for d in dst)),
+            (ctypes.c_int64 * n)(*(int(s.shape[1]) for s in src)),
+        )
+        self._frags = n
+        self._row_bytes = sum(int(s.shape[1]) for s in src)
+
+    def copy(self, src_rows: np.ndarray, dst_rows: np.ndarray, stream: bool | None = None) -> None:
+        """Copy row ``src_rows[i]`` of every source fragment to row ``dst_rows[i]`` of
+        the matching destination fragment, for every ``i``, in one call.
+
+        ``stream``: write with non-temporal stores; by default when the job moves at
+        least ``STREAM_MIN_BYTES``.
+
+        Raises:
+            TransferSpecError: the arrays differ in length, or a row is negative or
+                past its side's rows (checked before anything is copied).
+        """
+        src_rows = np.ascontiguousarray(src_rows, dtype=np.int64)
+        dst_rows = np.ascontiguousarray(dst_rows, dtype=np.int64)
+        n = len(src_rows)
+        if dst_rows.ndim != 1 or src_rows.ndim != 1 or len(dst_rows) != n:
+            raise TransferSpecError(f"row arrays differ: {src_rows.shape} and {dst_rows.shape}")
+        if n == 0:
+            return
+        check_rows(src_rows, self.src_rows, "source")
+        check_rows(dst_rows, self.dst_rows, "destination")
+        src_base, src_stride, dst_base, dst_stride, widths = self._tables
+        self._fn(
+            n,
+            src_rows.ctypes.data,
+            dst_rows.ctypes.data,
+            self._frags,
+            src_base,
+            src_stride,
+            dst_base,
+            dst_stride,
+            widths,
+            n * self._row_bytes >= STREAM_MIN_BYTES if stream is None else stream,
+        )
+
+
+def check_rows(rows: np.ndarray, count: int, side: str) -> None:
+    """Raise ``TransferSpecError`` unless every int64 in ``rows`` is in ``0..count-1``.
+
+    One unsigned ``max`` (a negative row reads as a huge one).
+    """
+    if len(rows) and int(rows.view(np.uint64).max()) >= count:
+        bad = int(rows[(rows < 0) | (rows >= count)][0])
+        raise TransferSpecError(f"{side} row {bad} out of range 0..{count - 1}")
+
+
+def _check_rows_view(view: torch.Tensor) -> None:
+    if view.dtype != torch.uint8 or view.dim() != 2 or view.device.type != "cpu":
+        raise ValueError("a route needs 2-D uint8 host tensors")
+    if view.shape[1] > 1 and view.stride(1) != 1:
+        raise ValueError("a route needs contiguous rows")
+
+
+def _row_stride(view: torch.Tensor) -> int:
+    return int(view.stride(0)) if view.shape[0] > 1 else int(view.shape[1])
+
+
+def native_row_copier() -> NativeRowCopier | None:
+    """The process's compiled copier, or ``None`` for the numpy fallback.
+
+    ``None`` when ``KVTIER_NATIVE_COPY`` is ``0`` (asked for), or when the library
+    cannot be built or loaded (one warning per cache directory and compiler). The
+    result is cached per process for the current ``$CC`` and cache directory.
+    """
+    if os.environ.get(SWITCH_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    return _load_cached(str(cache_root()), os.environ.get("CC") or "cc")
+
+
+def cache_root() -> Path:
+    """Where built libraries are kept (see the module docstring)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "kvtier" / "native"
+
+
+@functools.cache
+def _load_cached(cache: str, cc: str) -> NativeRowCopier | None:
+    return load_row_copier(Path(cache), cc)
+
+
+def library_path(cache: Path, cc: str, source: bytes) -> Path:
+    """The library built from ``source`` by ``cc`` on this platform, in ``cache``."""
+    key = hashlib.sha256()
+    for part in (source, cc.encode(), " ".join(CFLAGS).encode(), _platform_tag().encode()):
+        key.update(len(part).to_bytes(8, "little") + part)
+    return cache / key.hexdigest()[:24] / "rowcopy.so"
+
+
+def _platform_tag() -> str:
+    return f"{sys.platform}-{platform.machine()}-{ctypes.sizeof(ctypes.c_void_p) * 8}"
+
+
+def load_row_copier(cache: Path, cc: str) -> NativeRowCopier | None:
+    """Load the library from ``cache``, building it with ``cc`` first when needed.
+
+    Never raises: on any failure logs a warning saying why and what the copies do
+    instead, and returns ``None``.
+    """
+    copier, why = _load(cache, cc)
+    if copier is None:
+        logger.warning(
+            "kvtier: the compiled row copier is unavailable (%s); host copies use numpy "
+            "(correct, slower for small pages)",
+            why,
+        )
+    return copier
+
+
+def _load(cache: Path, cc: str) -> tuple[NativeRowCopier | None, str]:
+    try:
+        source = SOURCE.read_bytes()
+    except OSError as exc:
+        return None, f"its source is missing ({exc})"
+    path = library_path(cache, cc, source)
+    if path.exists():
+        copier, why = _open(path)
+        if copier is not None:
+            return copier, ""
+        logger.info("kvtier: cached row copier %s is unusable (%s); rebuilding", path, why)
+    command = shlex.split(cc)
+    if not command or shutil.which(command[0]) is None:
+        return None, f"no C compiler: {cc!r} is not on PATH (set CC or install gcc)"
+    failed = _build(command, path)
+    if failed is not None:
+        return None, failed
+    copier, why = _open(path)
+    if copier is None:
+        return None, f"the library built at {path} is unusable ({why})"
+    return copier, ""
+
+
+def _build(command: list[str], path: Path) -> str | None:
+    """Compile into ``path`` through a temporary file and a rename; ``None`` or why not."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rowcopy-", suffix=".so")
+        os.close(fd)
+    except OSError as exc:
+        return f"cannot write to {path.parent} ({exc})"
+    argv = [*command, *CFLAGS, "-o", tmp, str(SOURCE)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip()[-500:]
+            return f"{shlex.join(argv)} exited with {proc.returncode}: {tail}"
+        os.replace(tmp, path)
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{shlex.join(argv)} failed ({exc})"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _open(path: Path) -> tuple[NativeRowCopier | None, str]:
+    """Load and self-test the library at ``path``: ``(copier, "")`` or ``(None, why)``."""
+    try:
+        lib = ctypes.CDLL(str(path))
+        abi = lib.kvtier_rowcopy_abi
+        abi.restype, abi.argtypes = ctypes.c_int64, []
+        if abi() != ABI:
+            return None, f"ABI {abi()} where {ABI} is expected"
+        copier = NativeRowCopier(lib, path)
+    except (OSError, AttributeError) as exc:
+        return None, str(exc)
+    if not _self_test(copier):
+        return None, "its self-test copied the wrong bytes"
+    return copier, ""
+
+
+def _self_test(copier: NativeRowCopier) -> bool:
+    """Both store kinds; two fragments (3 and 200 bytes: unaligned heads and tails
+    around the 64-byte loop), rows out of order, a strided destination."""
+    gen = torch.Generator().manual_seed(0)
+    src = [torch.randint(0, 256, (5, w), dtype=torch.uint8, generator=gen) for w in (3, 200)]
+    rows_src, rows_dst = np.array([4, 0, 2], dtype=np.int64), np.array([1, 3, 0], dtype=np.int64)
+    want = torch.zeros((4, 203), dtype=torch.uint8)
+    for s, d in zip(rows_src.tolist(), rows_dst.tolist(), strict=True):
+        want[d] = torch.cat([src[0][s], src[1][s]])
+    for stream in (False, True):
+        slab = torch.zeros((4, 203), dtype=torch.uint8)
+        copier.route(src, [slab[:, :3], slab[:, 3:]]).copy(rows_src, rows_dst, stream)
+        if not torch.equal(slab, want):
+            return False
+    return True
