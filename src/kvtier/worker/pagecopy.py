@@ -150,7 +150,10 @@ class HostPageCopier:
         self.kind = "numpy" if native is None else "native"
         self._routes = None
         if native is not None:  # (store, load)
-            self._routes = (native.route(gpu_frags, cpu_frags), native.route(cpu_frags, gpu_frags))
+            self._routes = (
+                native.route(gpu_frags, cpu_frags, ("GPU", "host")),
+                native.route(cpu_frags, gpu_frags, ("host", "GPU")),
+            )
         self._gpu = [row_items(f) for f in gpu_frags]
         self._cpu = [row_items(v) for v in cpu_frags]
         self._page_bytes = int(slab_sub.shape[1])

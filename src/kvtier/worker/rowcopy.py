@@ -86,9 +86,15 @@ class NativeRowCopier:
         ]
         self.copy_rows = fn
 
-    def route(self, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> RowRoute:
-        """A route from ``src`` fragments to ``dst`` fragments (pairwise, same widths)."""
-        return RowRoute(self, src, dst)
+    def route(
+        self,
+        src: Sequence[torch.Tensor],
+        dst: Sequence[torch.Tensor],
+        names: tuple[str, str] = ("source", "destination"),
+    ) -> RowRoute:
+        """A route from ``src`` fragments to ``dst`` fragments (pairwise, same widths);
+        ``names`` name the two sides in errors."""
+        return RowRoute(self, src, dst, names)
 
 
 class RowRoute:
@@ -100,7 +106,11 @@ class RowRoute:
     """
 
     def __init__(
-        self, native: NativeRowCopier, src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]
+        self,
+        native: NativeRowCopier,
+        src: Sequence[torch.Tensor],
+        dst: Sequence[torch.Tensor],
+        names: tuple[str, str] = ("source", "destination"),
     ) -> None:
         if len(src) != len(dst) or not src:
             raise ValueError(f"{len(src)} source and {len(dst)} destination fragments")
@@ -122,6 +132,7 @@ class RowRoute:
             (ctypes.c_int64 * n)(*(int(s.shape[1]) for s in src)),
         )
         self._frags = n
+        self._names = names
         self._row_bytes = sum(int(s.shape[1]) for s in src)
 
     def copy(self, src_rows: np.ndarray, dst_rows: np.ndarray, stream: bool | None = None) -> None:
@@ -142,8 +153,8 @@ class RowRoute:
             raise TransferSpecError(f"row arrays differ: {src_rows.shape} and {dst_rows.shape}")
         if n == 0:
             return
-        check_rows(src_rows, self.src_rows, "source")
-        check_rows(dst_rows, self.dst_rows, "destination")
+        check_rows(src_rows, self.src_rows, self._names[0])
+        check_rows(dst_rows, self.dst_rows, self._names[1])
         src_base, src_stride, dst_base, dst_stride, widths = self._tables
         self._fn(
             n,

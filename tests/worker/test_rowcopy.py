@@ -1,0 +1,371 @@
+"""The compiled row copier: exact bytes, bounds checked before C, builds and fallbacks.
+
+The oracle is a copy made row by row with torch slicing (``reference``), which shares
+nothing with either copier; every case also runs through the numpy fallback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtier.errors import TransferSpecError
+from kvtier.worker import rowcopy
+from kvtier.worker.blockmap import RowPlan
+from kvtier.worker.pagecopy import HostPageCopier
+
+from .conftest import require_native
+
+KIB = 1024
+WIDTHS = [
+    [1],
+    [3, 5],
+    [64],
+    [17, 100, 1000],
+    [8 * KIB] * 4,
+    [16 * KIB, 16 * KIB],
+    [64 * KIB],
+    [256 * KIB],
+]
+PATHS = ["native", "native-streaming", "numpy"]
+
+
+def host_copier(
+    mp: pytest.MonkeyPatch, path: str, frags: list[torch.Tensor], slab: torch.Tensor
+) -> HostPageCopier:
+    if path.startswith("native"):
+        require_native()
+        mp.setattr(rowcopy, "STREAM_MIN_BYTES", 0 if path.endswith("streaming") else 1 << 60)
+    else:
+        mp.setenv(rowcopy.SWITCH_ENV, "0")
+    copier = HostPageCopier(frags, slab)
+    assert copier.kind == ("numpy" if path == "numpy" else "native")
+    return copier
+
+
+def random_tensors(
+    widths: list[int], gpu_blocks: int, cpu_blocks: int, seed: int
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    frags = [
+        torch.randint(0, 256, (gpu_blocks, w), dtype=torch.uint8, generator=gen) for w in widths
+    ]
+    slab = torch.randint(0, 256, (cpu_blocks, sum(widths)), dtype=torch.uint8, generator=gen)
+    return frags, slab
+
+
+def reference(
+    frags: list[torch.Tensor], slab: torch.Tensor, plan: RowPlan, gpu_to_cpu: bool
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The expected fragments and slab after the job: one torch row copy at a time."""
+    frags, slab = [f.clone() for f in frags], slab.clone()
+    for g, c in zip(plan.gpu_rows.tolist(), plan.cpu_rows.tolist(), strict=True):
+        offset = 0
+        for f in frags:
+            width = f.shape[1]
+            if gpu_to_cpu:
+                slab[c, offset : offset + width] = f[g]
+            else:
+                f[g] = slab[c, offset : offset + width]
+            offset += width
+    return frags, slab
+
+
+def rows(rng: np.random.Generator, ids: str, n: int, limit: int) -> np.ndarray:
+    if ids == "contiguous":
+        first = int(rng.integers(0, limit - n + 1))
+        return np.arange(first, first + n, dtype=np.int64)
+    return rng.permutation(limit)[:n].astype(np.int64)
+
+
+def check_job(copier: HostPageCopier, frags, slab, plan: RowPlan, gpu_to_cpu: bool) -> None:
+    want_frags, want_slab = reference(frags, slab, plan, gpu_to_cpu)
+    nbytes, keep = copier.copy(plan, gpu_to_cpu)
+    assert (nbytes, keep) == (len(plan) * slab.shape[1], None)
+    assert torch.equal(slab, want_slab)
+    assert all(torch.equal(f, w) for f, w in zip(frags, want_frags, strict=True))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("widths", WIDTHS, ids=lambda w: "-".join(map(str, w)))
+@pytest.mark.parametrize(
+    ("gpu_ids", "cpu_ids"),
+    [("random", "random"), ("random", "contiguous"), ("contiguous", "contiguous")],
+)
+@pytest.mark.parametrize("gpu_to_cpu", [True, False], ids=["store", "load"])
+def test_jobs_match_a_row_by_row_reference(
+    monkeypatch, path, widths, gpu_ids, cpu_ids, gpu_to_cpu
+) -> None:
+    frags, slab = random_tensors(widths, 12, 10, seed=sum(widths))
+    copier = host_copier(monkeypatch, path, frags, slab)
+    rng = np.random.default_rng(len(widths))
+    for n in (1, 2, 7):
+        plan = RowPlan.pairing(rows(rng, gpu_ids, n, 12), rows(rng, cpu_ids, n, 10))
+        check_job(copier, frags, slab, plan, gpu_to_cpu)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_plans_match_a_row_by_row_reference(path, data) -> None:
+    widths = data.draw(
+        st.lists(
+            st.one_of(st.integers(1, 300), st.sampled_from([4 * KIB, 8 * KIB, 64 * KIB])),
+            min_size=1,
+            max_size=4,
+        ),
+        label="widths",
+    )
+    gpu_blocks, cpu_blocks = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 9))
+    n = data.draw(st.integers(0, min(gpu_blocks, cpu_blocks)))
+    gpu_rows = data.draw(st.permutations(range(gpu_blocks)))[:n]
+    cpu_rows = data.draw(st.permutations(range(cpu_blocks)))[:n]
+    if data.draw(st.booleans(), label="sorted host rows"):
+        cpu_rows = sorted(cpu_rows)
+    frags, slab = random_tensors(widths, gpu_blocks, cpu_blocks, seed=n)
+    with pytest.MonkeyPatch.context() as mp:
+        copier = host_copier(mp, path, frags, slab)
+        plan = RowPlan.pairing(np.array(gpu_rows, np.int64), np.array(cpu_rows, np.int64))
+        check_job(copier, frags, slab, plan, data.draw(st.booleans(), label="store"))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(
+    ("gpu_rows", "cpu_rows", "match"),
+    [
+        ([0, 12], [1, 2], r"GPU row 12 out of range 0\.\.11"),
+        ([0, -1], [1, 2], "GPU row -1 out of range"),
+        ([0, 1], [10, 2], r"host row 10 out of range 0\.\.9"),
+        ([0, 1], [3, -5], "host row -5 out of range"),
+    ],
+)
+def test_a_row_out_of_range_raises_before_anything_is_copied(
+    monkeypatch, path, gpu_rows, cpu_rows, match
+) -> None:
+    frags, slab = random_tensors([8, 24], 12, 10, seed=1)
+    copier = host_copier(monkeypatch, path, frags, slab)
+    before = [f.clone() for f in frags], slab.clone()
+    plan = RowPlan.pairing(np.array(gpu_rows, np.int64), np.array(cpu_rows, np.int64))
+    for gpu_to_cpu in (True, False):
+        with pytest.raises(TransferSpecError, match=match):
+            copier.copy(plan, gpu_to_cpu)
+    assert torch.equal(slab, before[1])
+    assert all(torch.equal(f, b) for f, b in zip(frags, before[0], strict=True))
+
+
+def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:
+    native = require_native()
+    src = [torch.zeros((4, 8), dtype=torch.uint8)]
+    dst = [torch.ones((4, 8), dtype=torch.uint8)]
+    route = native.route(src, dst)
+    with pytest.raises(TransferSpecError, match="row arrays differ"):
+        route.copy(np.array([0, 1]), np.array([0]))
+    with pytest.raises(TransferSpecError, match=r"source row 4 out of range 0\.\.3"):
+        route.copy(np.array([4]), np.array([0]))
+    assert torch.equal(dst[0], torch.ones((4, 8), dtype=torch.uint8))
+    with pytest.raises(ValueError, match="widths differ"):
+        native.route(src, [torch.zeros((4, 9), dtype=torch.uint8)])
+    with pytest.raises(ValueError, match="contiguous rows"):
+        native.route(src, [torch.zeros((8, 4), dtype=torch.uint8).t()])
+    with pytest.raises(ValueError, match="uint8"):
+        native.route(src, [torch.zeros((4, 2), dtype=torch.float32)])
+
+
+def test_calls_release_the_gil() -> None:
+    """The copier's function comes from ``ctypes.CDLL`` (the GIL is released during each
+    call), not ``ctypes.PyDLL`` (which would hold it and serialise the lanes)."""
+    native = require_native()
+    assert not native.copy_rows._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]
+
+
+def test_two_threads_copying_at_once_give_exact_bytes() -> None:
+    require_native()
+    widths = [8 * KIB] * 4
+    jobs = []
+    for seed in (1, 2):
+        frags, slab = random_tensors(widths, 64, 64, seed=seed)
+        copier = HostPageCopier(frags, slab)
+        assert copier.kind == "native"
+        rng = np.random.default_rng(seed)
+        plans = [
+            RowPlan.pairing(rng.permutation(64)[:48], rng.permutation(64)[:48]) for _ in range(20)
+        ]
+        jobs.append((copier, frags, slab, plans))
+    # the expected end state, job after job, by the row-by-row reference
+    want = []
+    for _, frags, slab, plans in jobs:
+        f, s = frags, slab
+        for i, plan in enumerate(plans):
+            f, s = reference(f, s, plan, gpu_to_cpu=i % 2 == 0)
+        want.append((f, s))
+    start = threading.Barrier(2)
+
+    def run(copier, plans) -> None:
+        start.wait()
+        for i, plan in enumerate(plans):
+            copier.copy(plan, i % 2 == 0)
+
+    threads = [threading.Thread(target=run, args=(c, p)) for c, _, _, p in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (_, frags, slab, _), (want_frags, want_slab) in zip(jobs, want, strict=True):
+        assert torch.equal(slab, want_slab)
+        assert all(torch.equal(f, w) for f, w in zip(frags, want_frags, strict=True))
+
+
+# --- building, caching and falling back ----------------------------------------------
+
+
+def test_no_compiler_falls_back_to_numpy_with_one_warning(monkeypatch, tmp_path, caplog) -> None:
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv(rowcopy.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(rowcopy.SWITCH_ENV, raising=False)
+    frags, slab = random_tensors([8, 24], 12, 10, seed=3)
+    with caplog.at_level(logging.WARNING, logger="kvtier.worker.rowcopy"):
+        copiers = [HostPageCopier(frags, slab) for _ in range(2)]
+    assert [c.kind for c in copiers] == ["numpy", "numpy"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "kvtier.worker.rowcopy"]
+    assert len(warnings) == 1, warnings
+    assert "'/nonexistent/cc' is not on PATH" in warnings[0] and "use numpy" in warnings[0]
+    assert list(tmp_path.iterdir()) == []  # nothing half-built left behind
+    plan = RowPlan.pairing(np.array([3, 0, 11]), np.array([9, 4, 5]))
+    check_job(copiers[0], frags, slab, plan, True)
+    check_job(copiers[0], frags, slab, plan, False)
+
+
+def test_switch_off_means_numpy_without_a_warning(monkeypatch, caplog) -> None:
+    monkeypatch.setenv(rowcopy.SWITCH_ENV, "0")
+    frags, slab = random_tensors([8], 4, 4, seed=0)
+    with caplog.at_level(logging.WARNING):
+        assert HostPageCopier(frags, slab).kind == "numpy"
+        assert rowcopy.native_row_copier() is None
+    assert not caplog.records
+
+
+def test_a_failing_compiler_falls_back(tmp_path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="kvtier.worker.rowcopy"):
+        assert rowcopy.load_row_copier(tmp_path, "false") is None
+    assert "exited with 1" in caplog.text
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))  # the temporary is removed
+
+
+def test_builds_into_the_cache_once(tmp_path) -> None:
+    require_native()
+    cc = os.environ.get("CC") or "cc"
+    assert rowcopy.load_row_copier(tmp_path, cc) is not None
+    path = rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [path]
+    built = path.stat().st_mtime_ns
+    assert rowcopy.load_row_copier(tmp_path, cc) is not None
+    assert path.stat().st_mtime_ns == built  # loaded from the cache, not rebuilt
+
+
+def test_cache_key_names_source_compiler_and_platform(tmp_path) -> None:
+    a = rowcopy.library_path(tmp_path, "cc", b"int x;")
+    assert a == rowcopy.library_path(tmp_path, "cc", b"int x;")
+    assert a.parent.parent == tmp_path and a.name == "rowcopy.so"
+    assert a != rowcopy.library_path(tmp_path, "cc", b"int y;")
+    assert a != rowcopy.library_path(tmp_path, "gcc", b"int x;")
+
+
+def test_a_corrupt_cached_library_is_rebuilt(tmp_path, caplog) -> None:
+    require_native()
+    cc = os.environ.get("CC") or "cc"
+    path = rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x7fELF but not a library")
+    with caplog.at_level(logging.INFO, logger="kvtier.worker.rowcopy"):
+        native = rowcopy.load_row_copier(tmp_path, cc)
+    assert native is not None
+    assert "unusable" in caplog.text and "rebuilding" in caplog.text
+    assert path.read_bytes()[:4] == b"\x7fELF" and path.stat().st_size > 1000
+
+
+def test_a_corrupt_cached_library_without_a_compiler_falls_back(tmp_path, caplog) -> None:
+    path = rowcopy.library_path(tmp_path, "/nonexistent/cc", rowcopy.SOURCE.read_bytes())
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING, logger="kvtier.worker.rowcopy"):
+        assert rowcopy.load_row_copier(tmp_path, "/nonexistent/cc") is None
+    assert "is not on PATH" in caplog.text
+
+
+WRONG_COPIER = """
+#include <stdint.h>
+int64_t kvtier_rowcopy_abi(void) { return %d; }
+void kvtier_copy_rows(void) {}
+"""
+
+
+@pytest.mark.parametrize("abi", [rowcopy.ABI, rowcopy.ABI + 1], ids=["copies-nothing", "old-abi"])
+def test_a_cached_library_that_copies_wrong_is_never_used(tmp_path, caplog, abi) -> None:
+    """A library that loads but fails the ABI check or the self-test is not used in this
+    process (numpy copies instead) and is replaced, so the next process builds it right."""
+    require_native()
+    cc = os.environ.get("CC") or "cc"
+    path = rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
+    path.parent.mkdir(parents=True)
+    src = tmp_path / "wrong.c"
+    src.write_text(WRONG_COPIER % abi)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(path), str(src)], check=True)
+    with caplog.at_level(logging.INFO, logger="kvtier.worker.rowcopy"):
+        native = rowcopy.load_row_copier(tmp_path, cc)
+    why = "self-test copied the wrong bytes" if abi == rowcopy.ABI else f"ABI {abi} where"
+    assert why in caplog.text
+    # rebuilt, but dlopen() hands this process the wrong library again for that path
+    assert native is None and "unavailable" in caplog.text
+    assert _loads_in_a_fresh_process(tmp_path, cc) == "native"
+
+
+def _loads_in_a_fresh_process(cache: Path, cc: str) -> str:
+    code = (
+        "import sys; from pathlib import Path; from kvtier.worker import rowcopy; "
+        "n = rowcopy.load_row_copier(Path(sys.argv[1]), sys.argv[2]); "
+        "print('native' if n else 'numpy')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(cache), cc], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_two_processes_building_at_once_both_load(tmp_path) -> None:
+    require_native()
+    cc = os.environ.get("CC") or "cc"
+    code = (
+        "import sys; from pathlib import Path; from kvtier.worker import rowcopy; "
+        "sys.stdin.readline(); "
+        "n = rowcopy.load_row_copier(Path(sys.argv[1]), sys.argv[2]); "
+        "print('native' if n else 'numpy')"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(tmp_path), cc],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:  # both imported; now both build
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outs = [p.communicate(timeout=240)[0].strip() for p in procs]
+    assert outs == ["native", "native"]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [
+        rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
+    ]
