@@ -19,7 +19,9 @@ A *page* is one fragment: the K (or V) bytes of one layer for one GPU block (lay
 ``KV_FIRST``), so a block moves ``2 * layers * page`` bytes. ``ids`` says how the
 offloaded block ids of a job are laid out in the slab: ``contiguous`` (a fresh tier)
 or ``random`` (a fragmented one, the worst case). GPU block ids are always random.
-Results go to ``kvtier-results/transfer-<host>-<time>.json`` (or ``--json PATH``).
+Results go to ``kvtier-results/transfer-<host>-<time>.json`` (or ``--json PATH``);
+on CPU ``config.host_copier`` says which host copier ran: ``native`` (the compiled
+row copier) or ``numpy`` (its fallback; ``KVTIER_NATIVE_COPY=0`` forces it).
 Torch only.
 """
 
@@ -50,6 +52,7 @@ from kvtier.results import (
 from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout
 from kvtier.worker.gpu_cpu import SingleDirectionHandler
 from kvtier.worker.pagecopy import row_items
+from kvtier.worker.rowcopy import native_row_copier
 
 KiB, MiB = 1024, 1024 * 1024
 DEFAULT_PAGES = (8 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
@@ -255,6 +258,8 @@ def run_transfer_bench(
         "dtype": "float16",
         "block_size_factor": 1,
     }
+    if dev.type == "cpu":  # what every HostPageCopier of the run chose
+        config["host_copier"] = "numpy" if native_row_copier() is None else "native"
     return {
         "benchmark": "transfer",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -374,8 +379,10 @@ def main(args: argparse.Namespace) -> int:
         for p, v in results["summary"].items()
         for w, ln in [(v["wall"], v["lane"])]
     )
+    copier = results["config"].get("host_copier")
     print(
-        f"transfer on {info['device']}: ratio to plain copy g2c/c2g/both "
+        f"transfer on {info['device']}{f' ({copier} host copier)' if copier else ''}: "
+        "ratio to plain copy g2c/c2g/both "
         f"(median, jobs >= 16 blocks): {summary} -> {path}"
     )
     return 0
