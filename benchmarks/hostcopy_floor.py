@@ -16,7 +16,11 @@ of the job's bytes:
   one contiguous buffer (``np.take(mode="clip")`` straight in; a numpy fancy index
   then a slice assignment): reading the same scattered rows, writing nothing
   scattered;
-* ``memmove_rows``: one ``ctypes.memmove`` per fragment row, addresses precomputed.
+* ``memmove_rows``: one ``ctypes.memmove`` per fragment row, addresses precomputed;
+* ``native_memmove`` / ``native_stream``: the compiled row copier
+  (``kvtier.worker.rowcopy``), one call for the whole job, scattered rows straight to
+  scattered rows, one ``memmove`` per fragment row / non-temporal stores (it streams
+  jobs of ``STREAM_MIN_BYTES`` and more). Absent when it cannot be built.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 
 from kvtier.bench.report import git_commit, machine_info
 from kvtier.worker.pagecopy import row_items
+from kvtier.worker.rowcopy import native_row_copier
 
 FRAGMENTS = 4
 CHUNK = 256 * 1024
@@ -109,6 +114,11 @@ def case(page: int, blocks: int, repeats: int) -> dict[str, float]:
         "gather_getitem": gather_getitem,
         "memmove_rows": memmove_rows,
     }
+    native = native_row_copier()
+    if native is not None:
+        route = native.route(frags, slab_cols)
+        fns["native_memmove"] = lambda: route.copy(g, c, stream=False)
+        fns["native_stream"] = lambda: route.copy(g, c, stream=True)
     for fn in fns.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}

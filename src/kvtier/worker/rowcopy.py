@@ -57,7 +57,7 @@ ABI = 2
 SWITCH_ENV = "KVTIER_NATIVE_COPY"
 CACHE_ENV = "KVTIER_NATIVE_CACHE"
 BUILD_TIMEOUT_S = 120
-STREAM_MIN_BYTES = 4 << 20
+STREAM_MIN_BYTES = 1 << 20
 """Jobs of at least this many bytes write their destination with non-temporal stores
 (it would not stay in the caches anyway; measured in ``docs/worker.md``)."""
 
