@@ -1,7 +1,7 @@
 """The host page copier's two paths side by side in one run: compiled rows vs numpy.
 
 Run from the repository root: ``PYTHONPATH=src python benchmarks/hostcopy_ab.py
-[repeats] [out.json]``. Both are ``HostPageCopier`` over the same fragments, slab and
+[repeats] [out.json] [warm|cold]``. Both are ``HostPageCopier`` over the same fragments, slab and
 plan: "native" with the compiled row copier (``worker/rowcopy.c``, one call per job),
 "numpy" with ``KVTIER_NATIVE_COPY=0`` (the fallback: chunked fancy indexing, or one
 ``np.copyto`` per row from 32 KiB). Before timing, both are checked to leave exactly
@@ -12,7 +12,11 @@ loaded machine disturbs it less than wall time) and in wall time, one thread (to
 set to one), median of ``repeats`` round-robin passes. Reported as GB/s and as the
 ratio to ``plain1``, one contiguous torch ``copy_`` of the job's bytes on one thread
 (higher is better). 2 layers (4 fragments), GPU ids random, host ids random or
-contiguous.
+contiguous. ``cold`` (the default) writes a 96 MiB buffer before each timed call (not
+timed), so every candidate starts from the same cache state, as a job's rows mostly
+are in a serving engine; ``warm`` times back to back, which lets each candidate
+inherit what the previous one left in the cache (a store's non-temporal writes leave
+the rows a following load reads in memory, ordinary ones leave them in the cache).
 """
 
 from __future__ import annotations
@@ -88,7 +92,10 @@ def check_bytes(
     slab.copy_(slab0)
 
 
-def one_case(page: int, blocks: int, ids: str, repeats: int) -> dict[str, object]:
+FLUSH = torch.zeros(96 << 20, dtype=torch.uint8)
+
+
+def one_case(page: int, blocks: int, ids: str, repeats: int, cold: bool) -> dict[str, object]:
     gen = torch.Generator().manual_seed(0)
     size = page * 2 * LAYERS
     frags = [
@@ -115,6 +122,8 @@ def one_case(page: int, blocks: int, ids: str, repeats: int) -> dict[str, object
     wall_t: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            if cold:
+                FLUSH.add_(1)
             c0, w0 = time.thread_time(), time.perf_counter()
             fn()
             cpu_t[name].append(time.thread_time() - c0)
@@ -133,12 +142,13 @@ def one_case(page: int, blocks: int, ids: str, repeats: int) -> dict[str, object
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 15
     out = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/hostcopy-ab.json"
+    cold = (sys.argv[3] if len(sys.argv) > 3 else "cold") == "cold"
     torch.set_num_threads(1)
     load_before = os.getloadavg()
     rows = []
     for page, blocks in CASES:
         for ids in ("random", "contiguous"):
-            rows.append(one_case(page, blocks, ids, repeats))
+            rows.append(one_case(page, blocks, ids, repeats, cold))
             r = rows[-1]
             print(
                 f"{page // 1024:>4} KiB x {blocks:>4} {ids:<10} cpu GB/s {r['cpu_gbps']}",
@@ -152,6 +162,7 @@ def main() -> None:
             "layers": LAYERS,
             "repeats": repeats,
             "threads": 1,
+            "caches": "cold" if cold else "warm",
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
         },
