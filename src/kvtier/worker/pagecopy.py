@@ -3,43 +3,38 @@
 Both copiers take a validated ``RowPlan`` and issue a few batched calls per job, never
 one call per block per layer:
 
-* ``HostPageCopier`` (both sides in host memory: the CPU stand-in). Every fragment and
-  the slab are also read as numpy arrays of *rows* (one ``void`` item per page or
-  fragment, ``row_items``), so a gather or a scatter (fancy indexing) is one
-  ``memcpy`` per row. Every call moves at most ``CHUNK_BYTES`` of one fragment, so
-  the temporary numpy gathers into stays in cache.
+* ``HostPageCopier`` (both sides in host memory: the CPU stand-in). By default ONE
+  call per job into the compiled row copier (``rowcopy``, ``worker/rowcopy.c``):
+  every (row, fragment) moves straight from source row to destination row, one pass,
+  no temporary, no Python per row; jobs of ``rowcopy.STREAM_MIN_BYTES`` (1 MiB) and
+  more write with non-temporal stores; the next row's pages are prefetched a row
+  ahead. Its rows are bounds-checked in Python before the call (a bad plan raises
+  ``TransferSpecError``). Measured side by side with the numpy fallback below (one
+  thread, CPU time, cold caches, 2 layers, random ids, store / load ÷ a one-thread
+  plain copy; ``benchmarks/hostcopy_ab.py``,
+  ``benchmarks/results/hostcopy-ab-vm-20261123T2018Z-loaded.json``, load 3.6-3.8):
+  8 KiB x 256 0.83 / 1.02 against 0.49 / 0.49; 8 KiB x 4096 0.75 / 1.08 against
+  0.39 / 0.39; 16 KiB x 256 1.16 / 1.42 against 0.67 / 0.65; 64 KiB x 256 1.34 /
+  1.45 against 0.94 / 0.93; 256 KiB x 256 1.43 / 1.46 against 1.00 / 1.00.
+
+  The numpy fallback (no C compiler, a failed build, or ``KVTIER_NATIVE_COPY=0``;
+  ``kind`` says which runs). Every fragment and the slab are also read as numpy
+  arrays of *rows* (one ``void`` item per page or fragment, ``row_items``), so a
+  gather or a scatter (fancy indexing) is one ``memcpy`` per row. Every call moves at
+  most ``CHUNK_BYTES`` of one fragment, so the temporary numpy gathers into stays in
+  cache.
 
   - Runs (the host rows of the job are long consecutive runs): per run, chunk and
     fragment, one call moves the rows between the fragment and the run's slab rows.
-    Stores used torch's ``index_select(out=)`` into the slab's strided columns
-    before (see the figures below).
   - Scattered (average run under ``RUN_MIN_BYTES`` per call): per chunk of the job's
     rows (``CHUNK_BYTES`` of each fragment) and fragment, one numpy statement moves
-    the rows straight between fragment and slab (``slab_col[c] = frag[g]`` for a
-    store, the reverse for a load): numpy gathers into a chunk-sized temporary that
-    stays in cache, then scatters it. No staging buffer laid out like the slab, no
-    helper thread.
-
+    the rows between fragment and slab (``slab_col[c] = frag[g]`` for a store, the
+    reverse for a load): numpy gathers into a chunk-sized temporary that stays in
+    cache, then scatters it (two passes: no numpy or torch primitive copies scattered
+    rows to scattered rows in one).
   - By row (every fragment at least ``ROW_COPY_MIN_BYTES``, 32 KiB): one
     ``np.copyto`` per fragment row, straight from source row to destination row,
-    runs or not. Two-pass chunks cost a second trip through the cache that large
-    rows do not amortise: measured one thread, CPU time, load average ~6
-    (scattered rows, GB/s, two-pass chunks -> by row): 32 KiB 6.2 -> 8.9,
-    64 KiB 7.3 -> 9.7, 256 KiB 6.9 -> 9.5 (a one-thread plain copy: 10-12);
-    16 KiB about even (6.1 / 6.3), 8 KiB the chunks win (a call per 8 KiB row).
-
-  Measured side by side with the previous copier (``benchmarks/hostcopy_ab.py``,
-  ``benchmarks/results/hostcopy-ab-vm-20261123T1657Z.json``: 2 layers, ratio to one
-  plain copy, store / load; development VM at load average 5-6, where the plain copy
-  itself ran at 1.2-3.7 GB/s): random ids 8 KiB x 256 rows 3.8 / 3.7 against 0.63 /
-  0.48 before; 8 KiB x 4096 0.52 / 0.55 against 0.36 / 0.45; 16 KiB x 256 2.9 / 2.8
-  against 0.45 / 0.55; 64 KiB x 256 0.69 / 1.37 against 0.49 / 1.09. Contiguous ids
-  (the runs path) stores: 3.0, 0.45, 3.0, 0.55 against 0.11, 0.49, 0.16, 0.30. The
-  previous scattered path went through two staging buffers laid out like the slab
-  (a gather into them, then whole pages into the slab, the second step overlapped
-  on a helper thread: twice the bytes moved, and a second thread that a loaded
-  machine did not give it). One ``ctypes.memmove`` per fragment row measured close
-  to the numpy chunks and costs a Python call per row.
+    runs or not: large rows amortise the call, and cross the cache once.
 * ``CudaPageCopier`` (GPU tensors and a pinned slab). A store gathers the job's rows of
   every fragment into a GPU staging buffer laid out exactly like the slab (one
   ``index_select`` per fragment, at HBM speed); a load does the reverse. Between the
