@@ -207,7 +207,10 @@ def cache_root() -> Path:
     """Where built libraries are kept (see the module docstring)."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        home = os.path.expanduser("~")  # "~" itself when there is no home directory
+        base = os.path.join(home if home != "~" else tempfile.gettempdir(), ".cache")
     return Path(base) / "kvtier" / "native"
 
 
