@@ -7,6 +7,7 @@ nothing with either copier; every case also runs through the numpy fallback.
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import logging
 import os
 import subprocess
@@ -369,3 +370,14 @@ def test_two_processes_building_at_once_both_load(tmp_path) -> None:
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == [
         rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
     ]
+
+
+def test_the_c_source_ships_as_package_data() -> None:
+    """``pip install .`` (not editable) copies the C source: pyproject's package data
+    for ``kvtier`` names it (a wheel built from this tree was checked to hold it)."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11 and later")
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]["kvtier"]
+    relative = rowcopy.SOURCE.relative_to(root / "src" / "kvtier").as_posix()
+    assert any(fnmatch.fnmatch(relative, p) for p in patterns), (relative, patterns)
