@@ -53,6 +53,13 @@ def _patch(variant: str) -> None:
         leader.LeaderPolicy.__init__ = later  # type: ignore[method-assign]
     elif variant.startswith("margin_"):
         leader.MARGIN = float(variant.removeprefix("margin_"))
+    elif variant.startswith("vote_"):
+        leader.VOTE = True
+        leader.SIGNIFICANCE = float(variant.removeprefix("vote_"))
+    elif variant.startswith("early_"):
+        leader.EARLY = float(variant.removeprefix("early_"))
+    elif variant.startswith("sig_"):
+        leader.SIGNIFICANCE = float(variant.removeprefix("sig_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
     elif variant.startswith("sampled_"):
