@@ -8,7 +8,8 @@ be from the same commit's cell run). Variants:
 * ``rebuilt_r1``: the sampled mode's tier (a real instance of the leader's policy,
   rebuilt at a switch) at every capacity, with full-size shadows (R = 1);
 * ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys;
-* ``margin_<x>``, ``decay_<x>``: another ``MARGIN`` or ``DECAY``;
+* ``margin_<x>``, ``decay_<x>``, ``early_<x>``: another ``MARGIN``, ``DECAY`` or
+  ``EARLY`` (``early_inf``: the rule without early decisions);
 * ``first_<n>``: the first decision after ``n`` windows.
 
 Run from the repository root::
@@ -53,13 +54,8 @@ def _patch(variant: str) -> None:
         leader.LeaderPolicy.__init__ = later  # type: ignore[method-assign]
     elif variant.startswith("margin_"):
         leader.MARGIN = float(variant.removeprefix("margin_"))
-    elif variant.startswith("vote_"):
-        leader.VOTE = True
-        leader.SIGNIFICANCE = float(variant.removeprefix("vote_"))
     elif variant.startswith("early_"):
         leader.EARLY = float(variant.removeprefix("early_"))
-    elif variant.startswith("sig_"):
-        leader.SIGNIFICANCE = float(variant.removeprefix("sig_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
     elif variant.startswith("sampled_"):
