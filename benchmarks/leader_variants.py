@@ -14,7 +14,10 @@ be from the same commit's cell run). Variants:
 
 Run from the repository root::
 
-    PYTHONPATH=src nice python benchmarks/leader_variants.py rebuilt_r1
+    PYTHONPATH=src nice python benchmarks/leader_variants.py rebuilt_r1 [CELLS_JSON]
+
+``CELLS_JSON`` (default ``benchmarks/results/policy_cells.json``): the cell run to
+compare with, e.g. one of other seeds (``policy_cells.py --seeds 4,5``).
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def _job(args: tuple[str, str]) -> tuple[str, list[int]]:
 
 def main() -> None:
     variant = sys.argv[1]
-    doc = json.loads(Path("benchmarks/results/policy_cells.json").read_text())
+    cells = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/policy_cells.json"
+    doc = json.loads(Path(cells).read_text())
     rows = {row["workload"]: row for row in doc["rows"]}
     start = time.perf_counter()
     with ProcessPoolExecutor(2) as pool:
