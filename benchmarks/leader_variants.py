@@ -10,7 +10,9 @@ be from the same commit's cell run). Variants:
 * ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys;
 * ``margin_<x>``, ``decay_<x>``, ``early_<x>``: another ``MARGIN``, ``DECAY`` or
   ``EARLY`` (``early_inf``: the rule without early decisions);
-* ``first_<n>``: the first decision after ``n`` windows.
+* ``first_<n>``: the first decision after ``n`` windows;
+* ``window_<n>``: another ``WINDOW_MIN``;
+* several at once, joined by ``+`` (``window_16384+early_3``).
 
 Run from the repository root::
 
@@ -35,7 +37,12 @@ import policy_cells as pc
 from kvtier.sim.replay import replay
 
 
-def _patch(variant: str) -> None:
+def _patch(variants: str) -> None:
+    for variant in variants.split("+"):
+        _patch_one(variant)
+
+
+def _patch_one(variant: str) -> None:
     from kvtier.scheduler.policies import leader, sampling
 
     if variant == "rebuilt_r1":
@@ -57,6 +64,8 @@ def _patch(variant: str) -> None:
         leader.LeaderPolicy.__init__ = later  # type: ignore[method-assign]
     elif variant.startswith("margin_"):
         leader.MARGIN = float(variant.removeprefix("margin_"))
+    elif variant.startswith("window_"):
+        leader.WINDOW_MIN = int(variant.removeprefix("window_"))
     elif variant.startswith("early_"):
         leader.EARLY = float(variant.removeprefix("early_"))
     elif variant.startswith("decay_"):
