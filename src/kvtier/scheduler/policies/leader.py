@@ -17,7 +17,9 @@ the current leader's by the share ``MARGIN``. A window ends early, after any req
 once a challenger's hits in it lead the leader's by more than ``EARLY`` times the
 square root of the sum of the squared per-request differences between the two (a
 lead of ``EARLY`` standard deviations: a large real difference can show before the
-window ends, noise seldom reaches it). Tuned on the 13 workloads of
+window ends, noise seldom reaches it). Decisions are at least 17 (sampled) requests
+apart: over n requests the lead is at most sqrt(n) standard deviations
+(Cauchy-Schwarz), so ``EARLY`` = 4 needs n > 16. Tuned on the 13 workloads of
 ``benchmarks/policy_cells.py`` (``docs/simulate.md``). How the tier follows depends
 on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
 
@@ -27,7 +29,7 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   manager calls ``observe`` at lookup, before it touches or stores the request's
   blocks, so the leader has already evicted what the tier will: the tier's victims
   are exactly the leader's. A switch re-sorts the blocks into kept and extra:
-  O(capacity), at most once per window.
+  O(capacity), at most once per decision.
 * **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
   1 request in R (SHARDS), so they cost about 3/R of a full shadow per looked-up key,
   but cannot say which of the tier's blocks the leader would hold. The tier keeps its
@@ -35,7 +37,7 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   search for victims, a new instance of the new leader's policy gets the tier's
   blocks, held ones first, then the others in the old instance's eviction order (as
   if each had been stored once, in that order: no ghosts, nothing protected yet).
-  O(capacity), at most once per window; touch and eviction cost the policy's own
+  O(capacity), at most once per decision; touch and eviction cost the policy's own
   plus a set of the tier's keys.
 
 Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
