@@ -8,12 +8,18 @@ be from the same commit's cell run). Variants:
 * ``rebuilt_r1``: the sampled mode's tier (a real instance of the leader's policy,
   rebuilt at a switch) at every capacity, with full-size shadows (R = 1);
 * ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys;
-* ``margin_<x>``, ``decay_<x>``: another ``MARGIN`` or ``DECAY``;
-* ``first_<n>``: the first decision after ``n`` windows.
+* ``margin_<x>``, ``decay_<x>``, ``early_<x>``: another ``MARGIN``, ``DECAY`` or
+  ``EARLY`` (``early_inf``: the rule without early decisions);
+* ``first_<n>``: the first decision after ``n`` windows;
+* ``window_<n>``: another ``WINDOW_MIN``;
+* several at once, joined by ``+`` (``window_16384+early_3``).
 
 Run from the repository root::
 
-    PYTHONPATH=src nice python benchmarks/leader_variants.py rebuilt_r1
+    PYTHONPATH=src nice python benchmarks/leader_variants.py rebuilt_r1 [CELLS_JSON]
+
+``CELLS_JSON`` (default ``benchmarks/results/policy_cells.json``): the cell run to
+compare with, e.g. one of other seeds (``policy_cells.py --seeds 4,5``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,12 @@ import policy_cells as pc
 from kvtier.sim.replay import replay
 
 
-def _patch(variant: str) -> None:
+def _patch(variants: str) -> None:
+    for variant in variants.split("+"):
+        _patch_one(variant)
+
+
+def _patch_one(variant: str) -> None:
     from kvtier.scheduler.policies import leader, sampling
 
     if variant == "rebuilt_r1":
@@ -53,6 +64,10 @@ def _patch(variant: str) -> None:
         leader.LeaderPolicy.__init__ = later  # type: ignore[method-assign]
     elif variant.startswith("margin_"):
         leader.MARGIN = float(variant.removeprefix("margin_"))
+    elif variant.startswith("window_"):
+        leader.WINDOW_MIN = int(variant.removeprefix("window_"))
+    elif variant.startswith("early_"):
+        leader.EARLY = float(variant.removeprefix("early_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
     elif variant.startswith("sampled_"):
@@ -72,7 +87,8 @@ def _job(args: tuple[str, str]) -> tuple[str, list[int]]:
 
 def main() -> None:
     variant = sys.argv[1]
-    doc = json.loads(Path("benchmarks/results/policy_cells.json").read_text())
+    cells = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/policy_cells.json"
+    doc = json.loads(Path(cells).read_text())
     rows = {row["workload"]: row for row in doc["rows"]}
     start = time.perf_counter()
     with ProcessPoolExecutor(2) as pool:

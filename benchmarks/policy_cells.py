@@ -10,7 +10,9 @@ blocks are exact integers, so a tie is a tie. Run from the repository root::
     PYTHONPATH=src nice python benchmarks/policy_cells.py --jobs 2 \
         --out benchmarks/results/policy_cells.json
 
-``--quick`` replays only seed 1 of each generated shape plus the synthetic trace.
+``--quick`` replays only seed 1 of each generated shape plus the synthetic trace;
+``--seeds 4,5`` other seeds of the generated shapes (held out from the tuning; the
+synthetic trace only with seed 1).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ SHARES = (0.01, 0.05, 0.10, 0.25, 0.50)
 SHAPES = ("mixed", "chat", "documents", "agents")
 
 
-def _workloads(quick: bool) -> list[str]:
-    seeds = (1,) if quick else (1, 2, 3)
-    return ["synthetic"] + [f"{shape}_seed{seed}" for shape in SHAPES for seed in seeds]
+def _workloads(seeds: tuple[int, ...]) -> list[str]:
+    synthetic = ["synthetic"] if 1 in seeds else []
+    return synthetic + [f"{shape}_seed{seed}" for shape in SHAPES for seed in seeds]
 
 
 def _trace(workload: str) -> Trace:
@@ -59,13 +61,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--policy", action="append", help="candidate (default: adaptive)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only (5 workloads)")
+    parser.add_argument("--seeds", default="1,2,3", help="generated seeds (default 1,2,3)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     candidates = tuple(args.policy or ["adaptive"])
     policies = ("lru", "arc", *candidates)
     start = time.perf_counter()
-    jobs = [(w, policies) for w in _workloads(args.quick)]
+    seeds = (1,) if args.quick else tuple(int(seed) for seed in args.seeds.split(","))
+    jobs = [(w, policies) for w in _workloads(seeds)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(_run, jobs))
     print(
@@ -99,7 +103,7 @@ def main() -> None:
             "machine": machine_info(),
             "commit": git_commit(),
             "load_average": load,
-            "configuration": {"shares": SHARES, "policies": policies, "quick": args.quick},
+            "configuration": {"shares": SHARES, "policies": policies, "seeds": seeds},
             "rows": rows,
             "summary": summary,
         }

@@ -35,6 +35,7 @@ and so the models':
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Callable, Collection, Sequence
 
@@ -321,7 +322,10 @@ class LeaderModel(EvictionPolicy):
     Every ``window`` looked-up keys, or every quarter of the capacity when that is
     more (divided by R: sampled keys), the scores are decayed and the shadows' hits
     added; the first best score takes the lead when it exceeds the leader's by the
-    margin (in step, the tier's blocks are then re-split in list order).
+    margin (in step, the tier's blocks are then re-split in list order). The same
+    decision comes sooner, after any (sampled) request, when some shadow's hits since
+    the last decision exceed the leader's by more than ``early`` times the square root
+    of the sum, over those requests, of the squared difference of the two's hits.
     """
 
     name = "leader"
@@ -334,6 +338,7 @@ class LeaderModel(EvictionPolicy):
         window: int,
         decay: float,
         margin: float,
+        early: float,
         rate: int = 1,
     ) -> None:
         super().__init__(capacity)
@@ -347,6 +352,8 @@ class LeaderModel(EvictionPolicy):
         self.left = self.window
         self.decay = decay
         self.margin = margin
+        self.early = early
+        self.since: list[list[tuple[int, int, int]]] = []  # per-request hits since deciding
         self.kept: list[BlockHash] = []
         self.extra: list[BlockHash] = []
         self.tier = (LRUModel, ARCModel, SLRUModel)[start](capacity)
@@ -369,6 +376,7 @@ class LeaderModel(EvictionPolicy):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if not keys or zlib.crc32(keys[0]) % self.rate != 0:
             return
+        before = [shadow.hits for shadow in self.shadows]
         for i, shadow in enumerate(self.shadows):
             evicted, stored = shadow.serve(keys)
             if i != self.leader or self.rate > 1:
@@ -381,8 +389,11 @@ class LeaderModel(EvictionPolicy):
                 if key in self.extra:
                     self.extra.remove(key)
                     self.kept.append(key)
+        gained = [shadow.hits - hits for shadow, hits in zip(self.shadows, before, strict=True)]
+        self.since.append((gained[0], gained[1], gained[2]))
         self.left -= len(keys)
-        if self.left <= 0:
+        if self.left <= 0 or self._clearly_led():
+            self.since = []
             for i, shadow in enumerate(self.shadows):
                 self.scores[i] = self.scores[i] * self.decay + shadow.hits
                 shadow.hits = 0
@@ -400,6 +411,14 @@ class LeaderModel(EvictionPolicy):
                     self.extra = [key for key in self.extra if key not in holds]
                     self.kept += joining
             self.left = self.window
+
+    def _clearly_led(self) -> bool:
+        for other in range(3):
+            lead = sum(hits[other] - hits[self.leader] for hits in self.since)
+            spread = math.sqrt(sum((hits[other] - hits[self.leader]) ** 2 for hits in self.since))
+            if lead > 0 and lead > self.early * spread:
+                return True
+        return False
 
     def add(self, key: BlockHash) -> None:
         assert key not in self.kept and key not in self.extra and key not in self.resident
@@ -475,6 +494,7 @@ def _leader_model(capacity: int) -> EvictionPolicy:
         window=leader.WINDOW_MIN,
         decay=leader.DECAY,
         margin=leader.MARGIN,
+        early=leader.EARLY,
         rate=sampling.sample_rate(capacity),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -33,6 +34,7 @@ def test_a_leader_that_never_changes_is_exactly_that_policy(
     """In step with its leader the tier evicts what the leader evicts: same hits."""
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
+    monkeypatch.setattr(leader, "EARLY", math.inf)  # not even early
     trace = generate(replace(shaped("mixed", 7), requests=300))
     for capacity in (20, 150, 600):
         want = replay(trace, capacity, name).ratios.hit_blocks
@@ -58,7 +60,12 @@ def test_manager_over_leader_matches_manager_over_its_model(
         policy = make_policy("leader", capacity)
         assert isinstance(policy, LeaderPolicy)
         model = LeaderModel(
-            capacity, start=leader.START, window=window, decay=leader.DECAY, margin=0.0
+            capacity,
+            start=leader.START,
+            window=window,
+            decay=leader.DECAY,
+            margin=0.0,
+            early=leader.EARLY,
         )
         real, twin = _manager(policy, capacity), _manager(model, capacity)
         for ids, load, ok in reqs:
@@ -101,7 +108,9 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
     monkeypatch.setattr(leader, "START", 0)
     monkeypatch.setattr(leader, "WINDOW_MIN", 1)
     policy = LeaderPolicy(8)
-    model = LeaderModel(8, start=0, window=1, decay=leader.DECAY, margin=leader.MARGIN)
+    model = LeaderModel(
+        8, start=0, window=1, decay=leader.DECAY, margin=leader.MARGIN, early=leader.EARLY
+    )
     tier, twin, lru = _manager(policy, 8), _manager(model, 8), _manager(make_policy("lru", 8), 8)
     hits = {"leader": 0, "lru": 0}
     leaders = []
@@ -120,3 +129,31 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
         leaders.append(policy.leader)
     assert leaders[0] == "lru" and leaders[-1] != "lru"
     assert hits["leader"] > hits["lru"]
+
+
+@pytest.mark.parametrize("early", [4.0, math.inf])
+def test_a_clear_lead_ends_a_window_early(monkeypatch: pytest.MonkeyPatch, early: float) -> None:
+    """Issue 14: a window of 8,192 keys is up to 80 capacities of a small tier, and a
+    policy 20 % behind cost the tier 200-300 blocks before the first decision. Here
+    the window never ends; with ``EARLY`` 4 the scan-resistant shadows' lead still
+    hands them the tier (step for step as the model), with ``EARLY`` inf it does not."""
+    monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)
+    monkeypatch.setattr(leader, "EARLY", early)
+    policy = LeaderPolicy(8)
+    model = LeaderModel(
+        8, start=0, window=10**12, decay=leader.DECAY, margin=leader.MARGIN, early=early
+    )
+    tier, twin = _manager(policy, 8), _manager(model, 8)
+    leaders = []
+    fresh = 1000
+    for step in range(300):
+        if step % 2:
+            ids = [step % 6]
+        else:
+            ids = list(range(fresh, fresh + 4))
+            fresh += 4
+        assert _serve(tier, ids) == _serve(twin, ids)
+        assert policy.sizes == model.sizes, f"step {step}"
+        assert policy.leader == ("lru", "arc", "slru")[model.leader]
+        leaders.append(policy.leader)
+    assert leaders[-1] == ("lru" if early == math.inf else "slru")

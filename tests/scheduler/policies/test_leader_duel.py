@@ -12,6 +12,7 @@ by request. Written for the mutants of ``leader.py`` that survived
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -54,15 +55,19 @@ def _run(
     window: int,
     margin: float,
     reqs: list[tuple[list[int], bool, bool]],
+    early: float = math.inf,
 ) -> list[str]:
     """Serve ``reqs`` through two managers, over the policy and over its model; after
     every request compare hits, stores, the leader, list sizes and eviction order."""
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", window)
     monkeypatch.setattr(leader, "MARGIN", margin)
+    monkeypatch.setattr(leader, "EARLY", early)
     policy = make_policy("leader", capacity)
     assert isinstance(policy, LeaderPolicy)
-    model = LeaderModel(capacity, start=start, window=window, decay=leader.DECAY, margin=margin)
+    model = LeaderModel(
+        capacity, start=start, window=window, decay=leader.DECAY, margin=margin, early=early
+    )
     real, twin = (
         TierManager(medium=Medium.CPU, num_blocks=capacity, block_size=16, policy=p)
         for p in (policy, model)
@@ -107,15 +112,16 @@ def _random_requests(seed: int, n: int, keys: int) -> list[tuple[list[int], bool
     ]
 
 
+@pytest.mark.parametrize("early", [math.inf, 1.0])
 @pytest.mark.parametrize("margin", [0.0, 0.3, 0.9])
 @pytest.mark.parametrize("start", [0, 1, 2])
 def test_the_tier_follows_its_model_from_any_start_with_any_margin(
-    monkeypatch: pytest.MonkeyPatch, start: int, margin: float
+    monkeypatch: pytest.MonkeyPatch, start: int, margin: float, early: float
 ) -> None:
     seen: set[str] = set()
     for seed, capacity, window in ((1, 4, 6), (2, 6, 9), (3, 3, 4), (4, 8, 16)):
         reqs = _random_requests(seed, 250, 3 * capacity)
-        seen.update(_run(monkeypatch, capacity, start, window, margin, reqs))
+        seen.update(_run(monkeypatch, capacity, start, window, margin, reqs, early))
     assert len(seen) >= 2  # the lead did change hands
 
 
@@ -131,6 +137,7 @@ requests = st.lists(
     start=st.integers(0, 2),
     window=st.integers(1, 12),
     margin=st.sampled_from([0.0, 0.3, 0.9]),
+    early=st.sampled_from([math.inf, 4.0, 1.0, 0.5]),
     reqs=requests,
 )
 def test_the_tier_follows_its_model_on_any_requests(
@@ -138,10 +145,11 @@ def test_the_tier_follows_its_model_on_any_requests(
     start: int,
     window: int,
     margin: float,
+    early: float,
     reqs: list[tuple[list[int], bool, bool]],
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
-        _run(mp, capacity, start, window, margin, reqs)
+        _run(mp, capacity, start, window, margin, reqs, early)
 
 
 def test_a_tie_keeps_the_leader(monkeypatch: pytest.MonkeyPatch) -> None:

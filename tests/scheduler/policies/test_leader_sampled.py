@@ -10,6 +10,7 @@ managers (pins, failed stores, decisions every few keys).
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -58,6 +59,7 @@ def test_a_sampled_leader_that_never_changes_is_exactly_that_policy(
     _small_samples(monkeypatch)
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
+    monkeypatch.setattr(leader, "EARLY", math.inf)  # not even early
     trace = generate(replace(shaped("mixed", 7), requests=300))
     for capacity in (20, 150, 600):
         assert make_policy("leader", capacity).sample_rate > 1  # type: ignore[attr-defined]
@@ -71,6 +73,7 @@ def _run(
     start: int,
     window: int,
     reqs: list[tuple[list[int], bool, bool]],
+    early: float = leader.EARLY,
 ) -> list[str]:
     """Serve ``reqs`` through managers over the policy and over its model; after every
     request compare hits, stores, evictions, the leader, the policy the tier follows,
@@ -78,12 +81,19 @@ def _run(
     _small_samples(mp)
     mp.setattr(leader, "START", start)
     mp.setattr(leader, "WINDOW_MIN", window)
+    mp.setattr(leader, "EARLY", early)
     policy = make_policy("leader", capacity)
     assert isinstance(policy, LeaderPolicy)
     rate = policy.sample_rate
     assert rate > 1
     model = LeaderModel(
-        capacity, start=start, window=window, decay=leader.DECAY, margin=leader.MARGIN, rate=rate
+        capacity,
+        start=start,
+        window=window,
+        decay=leader.DECAY,
+        margin=leader.MARGIN,
+        early=early,
+        rate=rate,
     )
     real, twin = _manager(policy, capacity), _manager(model, capacity)
     follows: list[str] = []
@@ -155,13 +165,14 @@ requests = st.lists(
     capacity=st.integers(4, 12),
     start=st.integers(0, 2),
     window=st.integers(1, 12),
+    early=st.sampled_from([math.inf, 4.0, 1.0]),
     reqs=requests,
 )
 def test_the_sampled_tier_follows_its_model_on_any_requests(
-    capacity: int, start: int, window: int, reqs: list[tuple[list[int], bool, bool]]
+    capacity: int, start: int, window: int, early: float, reqs: list[tuple[list[int], bool, bool]]
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
-        _run(mp, capacity, start, window, reqs)
+        _run(mp, capacity, start, window, reqs, early)
 
 
 def _serve(m: TierManager, ids: list[int]) -> int:

@@ -13,7 +13,13 @@ makes the tier follow the best shadow of the moment::
 It follows LRU first. After each window of ``max(WINDOW_MIN, capacity // WINDOW_DIV)``
 looked-up keys every shadow's score is decayed by ``DECAY`` and its prefix hits are
 added; the tier follows the shadow with the best score, switching only when it beats
-the current leader's by the share ``MARGIN``. Tuned on the 13 workloads of
+the current leader's by the share ``MARGIN``. A window ends early, after any request,
+once a challenger's hits in it lead the leader's by more than ``EARLY`` times the
+square root of the sum of the squared per-request differences between the two (a
+lead of ``EARLY`` standard deviations: a large real difference can show before the
+window ends, noise seldom reaches it). Decisions are at least 17 (sampled) requests
+apart: over n requests the lead is at most sqrt(n) standard deviations
+(Cauchy-Schwarz), so ``EARLY`` = 4 needs n > 16. Tuned on the 13 workloads of
 ``benchmarks/policy_cells.py`` (``docs/simulate.md``). How the tier follows depends
 on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
 
@@ -23,7 +29,7 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   manager calls ``observe`` at lookup, before it touches or stores the request's
   blocks, so the leader has already evicted what the tier will: the tier's victims
   are exactly the leader's. A switch re-sorts the blocks into kept and extra:
-  O(capacity), at most once per window.
+  O(capacity), at most once per decision.
 * **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
   1 request in R (SHARDS), so they cost about 3/R of a full shadow per looked-up key,
   but cannot say which of the tier's blocks the leader would hold. The tier keeps its
@@ -31,7 +37,7 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   search for victims, a new instance of the new leader's policy gets the tier's
   blocks, held ones first, then the others in the old instance's eviction order (as
   if each had been stored once, in that order: no ghosts, nothing protected yet).
-  O(capacity), at most once per window; touch and eviction cost the policy's own
+  O(capacity), at most once per decision; touch and eviction cost the policy's own
   plus a set of the tier's keys.
 
 Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
@@ -72,6 +78,14 @@ WINDOW_DIV = 4
 """Large tiers decide every quarter capacity's worth of looked-up keys, so a lead that
 shows late is followed sooner: windows of a whole capacity cost the synthetic trace
 0.06 points at 25 % and 0.11 at 50 % (``docs/simulate.md``)."""
+
+EARLY = 4.0
+"""Standard deviations of lead that end a window early (``math.inf``: never). A window of
+8,192 keys is up to 80 capacities of a small tier, and a policy that misses 20 % more
+(LRU on chat at 1 %) cost the tier 130-330 blocks before the first decision. At four
+the test fires once to three times in the few cells it changes (``chat`` seed 2 at
+1 %: after 5,244 of the first window's 8,192 keys); at three or two it also switches
+on noise (``docs/simulate.md``)."""
 
 _NONE_STORING: frozenset[BlockHash] = frozenset()
 
@@ -300,6 +314,8 @@ class LeaderPolicy(EvictionPolicy):
         self._mask = rate - 1
         self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in CANDIDATES)
         self._scores = [0.0] * len(self._shadows)
+        # this window's sum of squared per-request hit differences, challenger - leader
+        self._squares = [0] * len(self._shadows)
         self._leader = START
         self._window = max(1, max(WINDOW_MIN, capacity // WINDOW_DIV) // rate)
         self._left = self._window
@@ -336,13 +352,30 @@ class LeaderPolicy(EvictionPolicy):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if not keys or (self._mask and not is_sampled(keys, self._mask)):
             return
-        for i, shadow in enumerate(self._shadows):
+        shadows, lead = self._shadows, self._leader
+        before = [shadow.hits for shadow in shadows]
+        for i, shadow in enumerate(shadows):
             evicted, stored = shadow.request(keys)
-            if i == self._leader:
+            if i == lead:
                 self._tier.follow(evicted, stored)
+        own = shadows[lead].hits - before[lead]
+        squares = self._squares
+        for i, shadow in enumerate(shadows):
+            squares[i] += (shadow.hits - before[i] - own) ** 2
         self._left -= len(keys)
-        if self._left <= 0:
+        if self._left <= 0 or self._clear_lead():
             self._decide()
+
+    def _clear_lead(self) -> bool:
+        """Whether a challenger leads the leader by more than ``EARLY`` standard
+        deviations in this window (integers: the test is exact)."""
+        own = self._shadows[self._leader].hits
+        bar = EARLY * EARLY
+        for shadow, square in zip(self._shadows, self._squares, strict=True):
+            lead = shadow.hits - own
+            if lead > 0 and lead * lead > bar * square:
+                return True
+        return False
 
     def _decide(self) -> None:
         scores = self._scores
@@ -354,6 +387,7 @@ class LeaderPolicy(EvictionPolicy):
             self._leader = best
             self._tier.lead(self._shadows[best])
         self._left = self._window
+        self._squares = [0] * len(self._shadows)
 
     def add(self, key: BlockHash) -> None:
         self._tier.add(key)
