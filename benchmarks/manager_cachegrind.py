@@ -10,7 +10,8 @@ The loop (``--child``): fill a tier of 200,000 blocks in batches of 64, pin the
 ``pinned`` coldest by one load, one round of the bench's 400 lookups, touches and
 loads of hot keys, 400 untimed store rounds, then the counted rounds of 64 new keys
 (``prepare_store`` + ``complete_store``, each evicting 64), then ``os._exit`` (no
-teardown counted); both runs make the same keys beforehand. Deterministic for a given build. Run from the repository root::
+teardown counted); both runs make the same keys beforehand. Deterministic for a given
+build. Run from the repository root::
 
     nice python benchmarks/manager_cachegrind.py --side base=/tmp/base/src \
         --side now=src --policy arc --policy slru \
