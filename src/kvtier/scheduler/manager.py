@@ -315,13 +315,14 @@ class TierManager:
             ProtocolError: a key is not resident (nothing is changed).
         """
         slots, storing = self._slots, self._storing
-        if not all(map(slots.__contains__, block_hashes)):
+        # The STORING keys (READY ones are left as they are); when that is every key,
+        # every key is resident (STORING ones are), else each is checked.
+        changed = list(filter(storing.__contains__, block_hashes))
+        if len(changed) != len(block_hashes) and not all(map(slots.__contains__, block_hashes)):
             key = next(filterfalse(slots.__contains__, block_hashes))
             raise ProtocolError(
                 f"complete_store: block {key.hex()[:16]} was not prepared for storing"
             )
-        # The STORING keys (READY ones are left as they are), each once.
-        changed = list(filter(storing.__contains__, block_hashes))
         before = len(storing)
         storing.difference_update(changed)
         if success:
