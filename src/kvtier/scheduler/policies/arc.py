@@ -171,7 +171,8 @@ class ARCPolicy(SegmentedPolicy):
             t2_keys = set(from_t2)
             victims = [key for key in victims if key not in t2_keys]
         self._b1.update(victims)
-        self._trim_ghosts()
+        # No trim: each victim moved from T1 to B1 or from T2 to B2, which leaves
+        # |T1| + |B1| and the total as they were, within their bounds.
 
     def _trim_ghosts(self) -> None:
         c, b1, b2 = self.capacity, self._b1, self._b2
