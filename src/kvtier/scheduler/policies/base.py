@@ -34,9 +34,8 @@ class HeldBlocks:
 
     The manager keeps the two sets apart -- the few STORING blocks change on every
     store, the pinned ones only on loads -- and changes them in place; this only reads
-    them. Called with a key it answers for one block; ``any_of`` answers for a batch in
-    two C-level passes (``RecencyList.coldest`` uses it), where a plain ``IsHeld`` takes a Python
-    call per key.
+    them. Called with a key it answers for one block (a Python call); ``any_of``
+    answers for a batch in two C-level passes (``RecencyList.coldest`` uses it).
     """
 
     __slots__ = ("_pinned", "_storing")
@@ -114,7 +113,8 @@ class EvictionPolicy(ABC):
 
         Args:
             n: how many blocks to free (> 0).
-            is_held: True for a resident block that must not be evicted now.
+            is_held: True for a resident block that must not be evicted now (from
+                the manager, a ``HeldBlocks``; tests may pass any function).
             protected: keys that must not be evicted by this call (the store's own).
             incoming: the keys about to be added (a policy may adapt to them).
         """
