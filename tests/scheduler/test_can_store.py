@@ -47,8 +47,8 @@ def check(m: CPUOffloadingManager, ks: list[bytes]) -> None:
     assert copy.deepcopy(m).prepare_store(ks[:n]) is not None or n == 0
     if n < len(ks):
         assert copy.deepcopy(m).prepare_store(ks[: n + 1]) is None
-    held = sum(1 for k in UNIVERSE if m.state(k) is BlockState.STORING or m.pins(k) > 0)
-    assert len(m._busy) == held
+    assert m._storing == {k for k in UNIVERSE if m.state(k) is BlockState.STORING}
+    assert m._pinned == {k for k in UNIVERSE if m.pins(k) > 0}
 
 
 @settings(max_examples=60, deadline=None)

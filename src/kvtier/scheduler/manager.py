@@ -25,14 +25,20 @@ that each batch call is a few C-level set and dict operations (``update``,
     _storing: set            STORING blocks (few: stores in flight); READY = the rest
     _pinned: set             READY blocks pinned by at least one load
     _extra: key -> count     pins beyond the first (rare: the same block in two loads)
-    _busy:  set              STORING or pinned: what eviction must not take
+
+What eviction must not take is ``_storing`` ∪ ``_pinned`` (disjoint: a STORING block
+cannot be loaded), asked through ``HeldBlocks`` over the two sets. They are kept apart
+rather than as one held set because stores churn: each stored block would be added to
+and taken out of a table holding every pinned key, and that churn rebuilds the table
+every few ten thousand stores; ``_storing`` stays small, ``_pinned`` changes only on
+loads.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from itertools import filterfalse, takewhile
 
@@ -40,6 +46,7 @@ from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
 from kvtier.load_store_specs import SPEC_BY_MEDIUM, BlockIdsSpec
 from kvtier.scheduler.policies import EvictionPolicy, make_policy
+from kvtier.scheduler.policies.base import HeldBlocks
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
 from kvtier.scheduler.slots import FreeSlots
 
@@ -96,10 +103,8 @@ class TierManager:
         self._storing: set[BlockHash] = set()
         self._pinned: set[BlockHash] = set()
         self._extra: Counter[BlockHash] = Counter()
-        # Blocks STORING or pinned by a load: not evictable now. A set, so that the
-        # policy's "is it held?" is one C-level membership test.
-        self._busy: set[BlockHash] = set()
-        self._is_held: Callable[[BlockHash], bool] = self._busy.__contains__
+        # Blocks STORING or pinned by a load: not evictable now (module docstring).
+        self._is_held = HeldBlocks(self._storing, self._pinned)
         self._free = FreeSlots(num_blocks)  # memory grows with what the tier holds
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
@@ -181,7 +186,6 @@ class TierManager:
                 self._pin_each(block_hashes)
         else:
             self._pin_each(block_hashes)
-        self._busy.update(block_hashes)
         self._n["loads"] += len(block_hashes)
         return self._spec_type.for_blocks(
             block_hashes, list(map(self._slots.__getitem__, block_hashes))
@@ -208,7 +212,6 @@ class TierManager:
             before = len(pinned)
             pinned.difference_update(block_hashes)
             if before - len(pinned) == len(block_hashes):
-                self._busy.difference_update(block_hashes)
                 self.policy.release_all(block_hashes)
                 return
             pinned.update(block_hashes)  # a key listed twice: undo, count below
@@ -228,7 +231,6 @@ class TierManager:
                 if left == 0:
                     pinned.remove(key)
                     released.append(key)
-        self._busy.difference_update(released)
         self.policy.release_all(released)
 
     def prepare_store(self, block_hashes: Sequence[BlockHash]) -> PrepareStoreOutput | None:
@@ -263,7 +265,6 @@ class TierManager:
         new_slots = self._free.take(len(to_store))
         slots.update(zip(to_store, new_slots, strict=True))
         self._storing.update(to_store)
-        self._busy.update(to_store)
         self.policy.add_all(to_store)
         if self.store_threshold > 1:
             for key in to_store:
@@ -284,14 +285,15 @@ class TierManager:
         with ``whole``, the first of them ends the head instead (so that every new key
         of the head is stored: a promotion needs them all).
         """
-        slots, busy, threshold = self._slots, self._busy, self.store_threshold
-        room = len(self._free) + len(slots) - len(busy)  # free + evictable slots
+        slots, storing, pinned = self._slots, self._storing, self._pinned
+        threshold = self.store_threshold
+        room = len(self._free) + len(slots) - len(storing) - len(pinned)  # + evictable
         new: set[BlockHash] = set()
         protected: set[BlockHash] = set()
         for i, key in enumerate(block_hashes):
             if key in slots:
-                if key not in busy and key not in protected:  # READY, unpinned
-                    protected.add(key)  # the store's own keys are never evicted
+                if key not in storing and key not in pinned and key not in protected:
+                    protected.add(key)  # READY, unpinned: the store's own, never evicted
                     room -= 1
             elif key not in new:
                 if threshold > 1 and self._seen.get(key, 0) < threshold:
@@ -313,16 +315,16 @@ class TierManager:
             ProtocolError: a key is not resident (nothing is changed).
         """
         slots, storing = self._slots, self._storing
-        if not all(map(slots.__contains__, block_hashes)):
+        # The STORING keys (READY ones are left as they are); when that is every key,
+        # every key is resident (STORING ones are), else each is checked.
+        changed = list(filter(storing.__contains__, block_hashes))
+        if len(changed) != len(block_hashes) and not all(map(slots.__contains__, block_hashes)):
             key = next(filterfalse(slots.__contains__, block_hashes))
             raise ProtocolError(
                 f"complete_store: block {key.hex()[:16]} was not prepared for storing"
             )
-        # The STORING keys (READY ones are left as they are), each once.
-        changed = list(filter(storing.__contains__, block_hashes))
         before = len(storing)
         storing.difference_update(changed)
-        self._busy.difference_update(changed)  # a STORING block has no load pins
         if success:
             if before - len(storing) != len(changed):  # a key listed twice
                 changed = list(dict.fromkeys(changed))
@@ -382,8 +384,12 @@ class TierManager:
         loaded. Absent, pinned or STORING keys are left as they are. Returns the keys
         dropped (recorded as removed events).
         """
-        slots, busy = self._slots, self._busy
-        gone = [k for k in dict.fromkeys(block_hashes) if k in slots and k not in busy]
+        slots, storing, pinned = self._slots, self._storing, self._pinned
+        gone = [
+            k
+            for k in dict.fromkeys(block_hashes)
+            if k in slots and k not in storing and k not in pinned
+        ]
         for key in gone:
             self._free.append(slots.pop(key))
             self.policy.remove(key)
@@ -418,7 +424,8 @@ class TierManager:
     # -- internals ------------------------------------------------------------------
 
     def _evict(self, victims: list[BlockHash]) -> None:
-        assert self._busy.isdisjoint(victims), "policy chose a held block"
+        assert self._storing.isdisjoint(victims), "policy chose a held block"
+        assert self._pinned.isdisjoint(victims), "policy chose a held block"
         self._free.extend(map(self._slots.pop, victims))
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)

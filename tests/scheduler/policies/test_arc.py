@@ -91,3 +91,42 @@ def test_ghost_lists_stay_bounded(ops: list[tuple[str, int]]) -> None:
         assert t1 + b1 <= c
         assert t1 + t2 + b1 + b2 <= 2 * c
         assert 0 <= arc.p <= c
+
+
+def test_a_returning_ghost_in_a_store_that_evicts_goes_to_t2() -> None:
+    # choose_victims sees the ghost among the incoming keys: add_all must look too.
+    arc = ARCPolicy(4)
+    fill(arc, range(4))
+    assert evict_one(arc) == k(0)  # k0 a ghost of B1; T1 = {k1, k2, k3}
+    incoming = [k(0)]
+    victims = arc.choose_victims(1, never_held, (), incoming)
+    assert victims == [k(1)]  # p would be 1 < |T1|
+    arc.evict(victims)
+    arc.add_all(incoming)
+    assert arc.sizes == (2, 1, 1, 0) and arc.p == 1
+
+
+def test_add_all_looks_up_ghosts_again_after_an_add_in_between() -> None:
+    # The batch choose_victims found ghost-free is forgotten by an ``add``: a key of
+    # it added then and evicted is a ghost by the time the batch is added.
+    arc = ARCPolicy(4)
+    fill(arc, range(2))
+    incoming = [k(5)]
+    assert arc.choose_victims(1, never_held, (), incoming) == [k(0)]
+    fill(arc, range(5, 6))  # k5 added: T1 = {k0, k1, k5}
+    arc.evict([k(5)])  # k5 a ghost of B1
+    arc.add_all(incoming)
+    assert arc.sizes == (2, 1, 0, 0) and arc.p == 1, "the returning ghost goes to T2"
+
+
+def test_add_all_forgets_the_ghost_free_batch_once_added() -> None:
+    arc = ARCPolicy(4)
+    fill(arc, range(2))
+    incoming = [k(5)]
+    assert arc.choose_victims(1, never_held, (), incoming) == [k(0)]
+    arc.evict([k(0)])
+    arc.add_all(incoming)
+    arc.release_all(incoming)
+    arc.evict([k(5)])  # k5 now a ghost of B1 = {k0, k5}
+    arc.add_all(incoming)  # the same list again: its key is a ghost now
+    assert arc.sizes == (1, 1, 1, 0) and arc.p == 1

@@ -40,6 +40,9 @@ class ARCPolicy(SegmentedPolicy):
         self._b1 = GhostList()
         self._b2 = GhostList()
         self.p = 0
+        # The last ``incoming`` batch ``choose_victims`` found to hold no ghost; see
+        # ``add_all``.
+        self._no_ghosts: Sequence[BlockHash] | None = None
 
     @property
     def sizes(self) -> tuple[int, int, int, int]:
@@ -54,6 +57,7 @@ class ARCPolicy(SegmentedPolicy):
         return p
 
     def add(self, key: BlockHash) -> None:
+        self._no_ghosts = None
         if key in self._b1 or key in self._b2:
             # A ghost that comes back has been used before: it goes straight to T2.
             self.p = self._adapted(self.p, key)
@@ -65,7 +69,16 @@ class ARCPolicy(SegmentedPolicy):
         self._trim_ghosts()
 
     def add_all(self, keys: Sequence[BlockHash]) -> None:
-        if not (self._b1.isdisjoint(keys) and self._b2.isdisjoint(keys)):
+        """Add ``keys``, ghosts to T2 and the others to T1.
+
+        When ``keys`` is the very batch the last ``choose_victims`` was given as
+        ``incoming`` and found to hold no ghost -- the manager's store: choose, evict,
+        add -- they are not looked up again: only ``evict`` adds ghosts, and it adds
+        resident keys, which incoming ones are not; an ``add`` in between forgets the
+        batch (a key added then could be evicted and become a ghost).
+        """
+        no_ghosts, self._no_ghosts = self._no_ghosts, None
+        if keys is not no_ghosts and not (self._b1.isdisjoint(keys) and self._b2.isdisjoint(keys)):
             for key in keys:
                 self.add(key)
         else:  # the common case: all new to T1, ghosts trimmed once
@@ -103,8 +116,11 @@ class ARCPolicy(SegmentedPolicy):
     ) -> list[BlockHash] | None:
         p = self.p
         b1, b2 = self._b1, self._b2
-        if not (b1.isdisjoint(incoming) and b2.isdisjoint(incoming)):
-            for new in incoming:  # only a returning ghost moves p (none: checked in C)
+        if b1.isdisjoint(incoming) and b2.isdisjoint(incoming):  # checked in C
+            self._no_ghosts = incoming  # add_all need not look again
+        else:
+            self._no_ghosts = None
+            for new in incoming:  # only a returning ghost moves p
                 p = self._adapted(p, new)
         fast = self._coldest(n, p, is_held, protected)
         if fast is not None:
@@ -155,7 +171,8 @@ class ARCPolicy(SegmentedPolicy):
             t2_keys = set(from_t2)
             victims = [key for key in victims if key not in t2_keys]
         self._b1.update(victims)
-        self._trim_ghosts()
+        # No trim: each victim moved from T1 to B1 or from T2 to B2, which leaves
+        # |T1| + |B1| and the total as they were, within their bounds.
 
     def _trim_ghosts(self) -> None:
         c, b1, b2 = self.capacity, self._b1, self._b2

@@ -22,11 +22,34 @@ Adding a policy is one file: subclass, implement these, and register it in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence, Set
 
 from kvtier.blocks import BlockHash
 
 IsHeld = Callable[[BlockHash], bool]
+
+
+class HeldBlocks:
+    """The manager's ``is_held``: a block being stored, or pinned by a load.
+
+    The manager keeps the two sets apart -- the few STORING blocks change on every
+    store, the pinned ones only on loads -- and changes them in place; this only reads
+    them. Called with a key it answers for one block (a Python call); ``any_of``
+    answers for a batch in two C-level passes (``RecencyList.coldest`` uses it).
+    """
+
+    __slots__ = ("_pinned", "_storing")
+
+    def __init__(self, storing: Set[BlockHash], pinned: Set[BlockHash]) -> None:
+        self._storing = storing
+        self._pinned = pinned
+
+    def __call__(self, key: object) -> bool:
+        return key in self._pinned or key in self._storing
+
+    def any_of(self, keys: Collection[object]) -> bool:
+        """Whether some of ``keys`` is held."""
+        return not (self._storing.isdisjoint(keys) and self._pinned.isdisjoint(keys))
 
 
 class EvictionPolicy(ABC):
@@ -90,7 +113,8 @@ class EvictionPolicy(ABC):
 
         Args:
             n: how many blocks to free (> 0).
-            is_held: True for a resident block that must not be evicted now.
+            is_held: True for a resident block that must not be evicted now (from
+                the manager, a ``HeldBlocks``; tests may pass any function).
             protected: keys that must not be evicted by this call (the store's own).
             incoming: the keys about to be added (a policy may adapt to them).
         """

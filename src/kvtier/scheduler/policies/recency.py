@@ -48,6 +48,8 @@ from collections.abc import (
 from itertools import chain, filterfalse, islice, repeat
 from typing import Generic, TypeVar
 
+from kvtier.scheduler.policies.base import HeldBlocks
+
 K = TypeVar("K", bound=Hashable)
 
 FRESH_BATCHES = 64
@@ -222,7 +224,7 @@ class RecencyList(Generic[K]):
             victims = list(islice(self._order, n))
             if (
                 len(victims) == n
-                and not any(map(is_held, victims))
+                and not _any_held(is_held, victims)
                 and not (protected and any(map(protected.__contains__, victims)))
             ):
                 return victims
@@ -301,3 +303,11 @@ class RecencyList(Generic[K]):
                 entry = self._parked.get(key)
                 if entry is not None and entry[0] == seq:
                     heapq.heappush(heap, (seq, key))
+
+
+def _any_held(is_held: Callable[[K], bool], keys: list[K]) -> bool:
+    """Whether ``is_held`` is true of some of ``keys``: two C-level passes for the
+    manager's ``HeldBlocks``, a call per key for any other function."""
+    if type(is_held) is HeldBlocks:
+        return is_held.any_of(keys)
+    return any(map(is_held, keys))
