@@ -266,3 +266,19 @@ def test_bad_keys_and_lengths_are_refused(store: RemoteStore) -> None:
         store.write_many([key(1)], [])
     with pytest.raises(ValueError):
         RemoteStore.open(b"", RemoteOptions())
+
+
+def test_a_store_leaves_its_connection_ready_for_short_replies(server: RedisServer) -> None:
+    """A store raises the socket's receive low-water mark to its batch's replies
+    (``SO_RCVLOWAT``, one wake-up for them all); the connection goes back to the pool
+    with the mark at 1, else the next short reply on it (``:1`` to ``EXISTS``) would
+    wait out the timeout. One connection, so every call uses the same socket."""
+    s = open_store(server, max_connections=1, timeout_s=0.5)
+    try:
+        s.write_many([key(i) for i in range(8)], [payload(i) for i in range(8)])
+        assert s.exists_many([key(0)]) == [True]
+        assert s.delete_many([key(1)]) == 1
+        assert s.ping()
+        assert s.healthy
+    finally:
+        s.close()

@@ -9,6 +9,7 @@ server's behaviour is tested in ``test_remote.py``.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -17,8 +18,9 @@ import numpy as np
 import pytest
 
 from kvtier.errors import TransferError
-from kvtier.media import block_format
+from kvtier.media import block_format, remote_values
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+from kvtier.media.remote_values import replies_awaited
 
 FP = b"\x55" * 32
 BLOCK = 4096
@@ -183,3 +185,78 @@ def test_a_miss_reply_is_a_miss(serve: Callable[[bytes, Reply], RemoteStore]) ->
     assert store.read_many_into([key(1), key(2)], outs) == [ReadOutcome.MISS] * 2
     assert not any(o.any() for o in outs)
     assert store.healthy
+
+
+def low_water(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected loopback TCP socket and its peer."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        sock = socket.create_connection(listener.getsockname())
+        peer, _ = listener.accept()
+        with sock, peer:
+            yield sock, peer
+
+
+def test_replies_awaited_raises_the_low_water_mark_and_always_restores_it(
+    tcp_pair: tuple[socket.socket, socket.socket],
+) -> None:
+    sock, _ = tcp_pair
+    with replies_awaited(sock, 40):
+        assert low_water(sock) == 40
+    assert low_water(sock) == 1
+    with pytest.raises(TimeoutError), replies_awaited(sock, 15):
+        raise TimeoutError  # a read that failed half-way
+    assert low_water(sock) == 1
+
+
+def test_the_reader_wakes_once_every_reply_of_the_batch_is_in(
+    tcp_pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """Under the mark a poll does not report the socket readable until the batch's
+    replies are all there: three of four ``+OK`` time out, the fourth wakes it."""
+    sock, peer = tcp_pair
+    sock.settimeout(0.2)
+    with replies_awaited(sock, 20):
+        peer.sendall(b"+OK\r\n" * 3)
+        with pytest.raises(TimeoutError):
+            sock.recv(64)
+        peer.sendall(b"+OK\r\n")
+        assert sock.recv(64) == b"+OK\r\n" * 4
+
+
+def test_a_refused_set_in_the_middle_of_a_batch_fails_exactly_that_value(
+    serve: Callable[[bytes, Reply], RemoteStore], last_server: list[ScriptedServer]
+) -> None:
+    """One ``-ERR`` among eight ``+OK`` (read under the raised mark): the batch fails
+    naming one refusal, the other seven reached the server, the store is healthy
+    and its connection in step."""
+    store = serve(b"SET", lambda n: b"-ERR value refused\r\n" if n == 4 else b"+OK\r\n")
+    with pytest.raises(TransferError, match="1 of 8 values refused: ERR value refused"):
+        store.write_many([key(i) for i in range(8)], pages(8))
+    assert store.healthy
+    store.write_many([key(9)], pages(1))
+    sets = [args[1] for args in last_server[0].received if args[0] == b"SET"]
+    assert sets == [store.redis_key(key(i)) for i in (*range(8), 9)]
+
+
+def test_a_store_reads_its_replies_under_the_mark_of_its_batch(
+    serve: Callable[[bytes, Reply], RemoteStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``set_from_pages`` reads a batch's replies with the mark at five bytes a value
+    (``+OK\\r\\n``), on the connection's TCP socket."""
+    marks: list[int] = []
+
+    @contextlib.contextmanager
+    def spy(sock: socket.socket, nbytes: int) -> Iterator[None]:
+        with replies_awaited(sock, nbytes):
+            marks.append(low_water(sock))
+            yield
+
+    monkeypatch.setattr(remote_values, "replies_awaited", spy)
+    store = serve(b"SET", lambda n: b"+OK\r\n")
+    store.write_many([key(i) for i in range(6)], pages(6))
+    assert marks == [30]

@@ -6,10 +6,11 @@ Writing (single node): ``set_from_pages`` sends a batch of ``SET`` on one pooled
 connection with ``send_buffers`` (header and page as their own buffers, one
 ``sendmsg`` for the batch) and reads the ``+OK`` replies with ``ReplyReader``; a
 refused value (``-OOM ...``) comes back as its ``ResponseError``, any other reply
-fails the batch as a lost connection. This path replaced redis-py's pipeline for
-stores: 0.6 system calls per value instead of 4.7, and on the (loaded) development
-VM 1.1-1.2x the 256 KiB store rate at the benchmark's setting, side by side
-(``docs/remote.md``).
+fails the batch as a lost connection. The replies are read under ``SO_RCVLOWAT``
+(``replies_awaited``): one wake-up for the batch's replies, not one per few. This
+path replaced redis-py's pipeline for stores: 0.6 system calls per value instead of
+4.7, and on the (loaded) development VM 1.1-1.2x the 256 KiB store rate at the
+benchmark's setting, side by side (``docs/remote.md``).
 
 Reading, two paths, one outcome per key (``ReadOutcome``):
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import socket
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,11 +90,46 @@ def set_from_pages(
     with owned_connection(client) as conn:
         send_buffers(conn._sock, buffers)  # see ReplyReader: we own the connection
         reader = ReplyReader(conn._sock, 4096)
-        return [_set_reply(reader.line()) for _ in batch]
+        with replies_awaited(conn._sock, len(_OK) * len(batch)):
+            return [_set_reply(reader.line()) for _ in batch]
+
+
+_OK = b"+OK\r\n"
+
+
+@contextlib.contextmanager
+def replies_awaited(sock: Any, nbytes: int) -> Iterator[None]:
+    """Wake the reader only once ``nbytes`` of replies are in (``SO_RCVLOWAT``).
+
+    The server answers each ``SET`` of a batch as it stores it, so without this the
+    reading thread woke (a ``poll``, a ``recv``, the GIL taken back) for every few
+    ``+OK`` (``recv_into`` ran 2.6 times per batch of 8 in a profile). ``nbytes`` must
+    not exceed the least a well-formed answer to the batch holds (``+OK\r\n`` per
+    value; an error reply is longer); a malformed shorter one then waits out the
+    socket timeout and fails as a lost connection, as it would have anyway. A closed
+    connection wakes the reader at once. The mark goes back to 1 after, for the
+    pool's other commands (a short reply under a raised mark would time out); if that
+    fails the caller drops the connection. Plain TCP sockets only: TLS counts
+    encrypted bytes, and Unix sockets were not measured. This needs the socket's
+    timeout (CPython polls before each ``recv``): on a blocking socket without one a
+    ``recv`` under a raised mark hung on Linux loopback in a test.
+
+    Side by side (``benchmarks/remote_store_ceiling.py``, 4 threads x 8 values, load
+    average 4-4.5, median of 9): 256 KiB stores 1.23x, 1 MiB 1.03x, 4 MiB 1.07x, and
+    a quarter less client CPU per GB at 256 KiB (``docs/remote.md``).
+    """
+    if isinstance(sock, ssl.SSLSocket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        yield
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+    try:
+        yield
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
 
 def _set_reply(line: bytes) -> ResponseError | None:
-    if line == b"+OK":
+    if line == _OK[:-2]:
         return None
     if line.startswith(b"-"):
         return ResponseError(line[1:].decode(errors="replace"))
