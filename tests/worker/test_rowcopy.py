@@ -38,6 +38,9 @@ WIDTHS = [
     [16 * KIB, 16 * KIB],
     [64 * KIB],
     [256 * KIB],
+    # Two groups of fragments streamed together (rowcopy.c's WAYS = 4), the second
+    # partial; bodies of unequal lengths, unaligned heads, tails under 64 bytes.
+    [8 * KIB + 40, 3, 200, 64, 1000, 8 * KIB],
 ]
 PATHS = ["native", "native-streaming", "numpy"]
 
