@@ -30,16 +30,12 @@ CPU seconds per GB. ``AB_SETTINGS`` picks the passes (comma separated, e.g.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import os
 import re
-import resource
 import selectors
 import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -47,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import redis
+from remote_probes import children_cpu, redis_benchmark_set, server_cpu
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -245,25 +241,6 @@ def kvtier_pass(
     return run
 
 
-def server_cpu(url: str) -> float:
-    with redis.Redis.from_url(url) as c:
-        info = c.info("cpu")
-    return float(info["used_cpu_sys"] + info["used_cpu_user"])
-
-
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def rb_set(port: int, size: int, count: int, pipeline: int, clients: int) -> float:
-    cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-d", str(size), "-t", "set"]
-    cmd += ["-P", str(pipeline), "-c", str(clients), "-n", str(count), "-r", str(count), "--csv"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    (row,) = csv.DictReader(io.StringIO(out))
-    return float(row["rps"]) * size / 1e9
-
-
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     out = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/remote-store-ceiling.json"
@@ -281,7 +258,7 @@ def main() -> None:
                 raise SystemExit(f"a setting is KINDAxB, got {s!r}")
             kind, t, d = m[1], int(m[2]), int(m[3])
             if kind == "rb":  # rbPxC: -P P -c C
-                passes[s] = lambda p=t, c=d: rb_set(port, size, count, p, c)
+                passes[s] = lambda p=t, c=d: redis_benchmark_set(port, size, count, p, c)
                 continue
             if kind == "threads":
                 passes[s] = lambda t=t, d=d: threads_pass(port, fr, t, d, overlap=False)

@@ -21,13 +21,9 @@ costs the two cores it shares with the server whatever else the machine is runni
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import redis
+from remote_probes import children_cpu, redis_benchmark_set, server_cpu
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -63,19 +59,6 @@ def redispy_write(store: RemoteStore) -> Write:
         assert not any(isinstance(r, Exception) for r in results), results
 
     return write
-
-
-def server_cpu(url: str) -> float:
-    """CPU seconds the server has used (``INFO cpu``)."""
-    with redis.Redis.from_url(url) as c:
-        info = c.info("cpu")
-    return float(info["used_cpu_sys"] + info["used_cpu_user"])
-
-
-def children_cpu() -> float:
-    """CPU seconds of this process's waited-for children (redis-benchmark)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def measured(run: Callable[[], object], nbytes: int, url: str) -> dict[str, float]:
@@ -119,18 +102,6 @@ def timed(
     return measured(run, len(keys) * pages.shape[1], url)
 
 
-def redis_benchmark_set(url: str, size: int, count: int, pipeline: int) -> float:
-    """``redis-benchmark -t set`` over ``count`` keys, 4 connections (as ``kvtier bench
-    remote`` runs it, without its ``GET`` pass, so that its CPU is the stores' alone);
-    payload GB/s by its own clock (its start-up not counted)."""
-    port = url.rsplit(":", 1)[1].split("/")[0]
-    cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", port, "-d", str(size), "-t", "set"]
-    cmd += ["-P", str(pipeline), "-c", "4", "-n", str(count), "-r", str(count), "--csv"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    (row,) = csv.DictReader(io.StringIO(out))
-    return float(row["rps"]) * size / 1e9
-
-
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     out = sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/remote-write-ab.json"
@@ -140,6 +111,7 @@ def main() -> None:
     keys = [i.to_bytes(32, "big") for i in range(count)]
     load_before = os.getloadavg()
     with local_server(4 * TOTAL) as url:
+        port = url.rsplit(":", 1)[1].split("/")[0]
         options = RemoteOptions(url=url, max_connections=16, timeout_s=30.0)
         store = RemoteStore.open(b"\x07" * 32, options, environ={})
         paths: dict[str, Write] = {"redispy": redispy_write(store), "sendmsg": store.write_many}
@@ -153,7 +125,7 @@ def main() -> None:
             for p in (8, 1):
                 rate: list[float] = []
                 got = measured(
-                    lambda p=p, r=rate: r.append(redis_benchmark_set(url, size, count, p)),
+                    lambda p=p, r=rate: r.append(redis_benchmark_set(port, size, count, p, 4)),
                     TOTAL,
                     url,
                 )
