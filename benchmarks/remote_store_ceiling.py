@@ -38,12 +38,11 @@ import socket
 import statistics
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from remote_probes import children_cpu, redis_benchmark_set, server_cpu
+from remote_probes import batches, measured, redis_benchmark_set, write_in_threads
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -96,10 +95,6 @@ def read_oks(sock: socket.socket, n: int) -> None:
         got += chunk
     if got != b"+OK\r\n" * n:
         raise ConnectionError(got[:40])
-
-
-def batches(count: int, depth: int) -> list[range]:
-    return [range(s, min(s + depth, count)) for s in range(0, count, depth)]
 
 
 def threads_pass(
@@ -216,25 +211,10 @@ def kvtier_pass(
     keys = [i.to_bytes(32, "big") for i in range(count)]
 
     def run() -> None:
-        jobs = iter(batches(count, d))
-        lock = threading.Lock()
-
-        def worker() -> None:
-            while True:
-                with lock:
-                    job = next(jobs, None)
-                if job is None:
-                    return
-                store.write_many([keys[i] for i in job], [pages[i] for i in job])
-
-        pool = [threading.Thread(target=worker) for _ in range(t)]
         if not lowat:  # the store path before SO_RCVLOWAT
             remote_values.replies_awaited = lambda sock, nbytes: contextlib.nullcontext()  # type: ignore[assignment]
         try:
-            for th in pool:
-                th.start()
-            for th in pool:
-                th.join()
+            write_in_threads(store.write_many, keys, pages, t, d)
         finally:
             remote_values.replies_awaited = awaited
 
@@ -280,18 +260,7 @@ def main() -> None:
                 raise SystemExit(f"unknown setting {s!r}")
         for rep in range(repeats + 1):
             for name, run in passes.items():
-                s0, c0 = server_cpu(url), time.process_time() + children_cpu()
-                t0 = time.perf_counter()
-                own = run()
-                wall = time.perf_counter() - t0
-                client = time.process_time() + children_cpu() - c0
-                server = server_cpu(url) - s0
-                gb = TOTAL / 1e9
-                got = {
-                    "gbps": own if isinstance(own, float) else gb / wall,
-                    "client_cpu_s_per_gb": client / gb,
-                    "server_cpu_s_per_gb": server / gb,
-                }
+                got = measured(run, TOTAL, url)
                 if rep:
                     runs.setdefault(name, []).append(got)
     ref = max(

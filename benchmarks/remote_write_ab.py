@@ -25,13 +25,11 @@ import json
 import os
 import statistics
 import sys
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from remote_probes import children_cpu, redis_benchmark_set, server_cpu
+from remote_probes import measured, redis_benchmark_set, write_in_threads
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -61,45 +59,14 @@ def redispy_write(store: RemoteStore) -> Write:
     return write
 
 
-def measured(run: Callable[[], object], nbytes: int, url: str) -> dict[str, float]:
-    """GB/s of ``run()`` and the client's and server's CPU, per wall second and per GB."""
-    s0, c0, t0 = server_cpu(url), time.process_time() + children_cpu(), time.perf_counter()
-    run()
-    wall = time.perf_counter() - t0
-    client = time.process_time() + children_cpu() - c0
-    server = server_cpu(url) - s0
-    gb = nbytes / 1e9
-    return {
-        "gbps": gb / wall,
-        "client_cpu": client / wall,
-        "server_cpu": server / wall,
-        "client_cpu_s_per_gb": client / gb,
-        "server_cpu_s_per_gb": server / gb,
-    }
-
-
 def timed(
     write: Write, keys: list[bytes], pages: np.ndarray, threads: int, depth: int, url: str
 ) -> dict[str, float]:
-    jobs = iter([range(s, min(s + depth, len(keys))) for s in range(0, len(keys), depth)])
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                job = next(jobs, None)
-            if job is None:
-                return
-            write([keys[i] for i in job], [pages[i] for i in job])
-
-    def run() -> None:
-        pool = [threading.Thread(target=worker) for _ in range(threads)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join()
-
-    return measured(run, len(keys) * pages.shape[1], url)
+    return measured(
+        lambda: write_in_threads(write, keys, pages, threads, depth),
+        len(keys) * pages.shape[1],
+        url,
+    )
 
 
 def main() -> None:
@@ -123,13 +90,9 @@ def main() -> None:
                     if rep:
                         runs.setdefault(f"{name} t{threads} d{depth}", []).append(got)
             for p in (8, 1):
-                rate: list[float] = []
-                got = measured(
-                    lambda p=p, r=rate: r.append(redis_benchmark_set(port, size, count, p, 4)),
-                    TOTAL,
-                    url,
+                got = measured(  # GB/s by its own clock, CPU by ours
+                    lambda p=p: redis_benchmark_set(port, size, count, p, 4), TOTAL, url
                 )
-                got["gbps"] = rate[0]  # by its own clock; CPU per wall s by ours
                 if rep:
                     runs.setdefault(f"redis-benchmark -P {p}", []).append(got)
         store.close()
