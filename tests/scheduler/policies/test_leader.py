@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.blocks import BlockHash, Medium
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 from kvtier.sim.replay import replay
@@ -17,14 +16,7 @@ from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
 from .models import LeaderModel
-
-
-def _k(i: int) -> BlockHash:
-    return BlockHash(i.to_bytes(8, "little"))
-
-
-def _manager(policy: object, capacity: int) -> TierManager:
-    return TierManager(medium=Medium.CPU, num_blocks=capacity, block_size=16, policy=policy)  # type: ignore[arg-type]
+from .twins import block_key, manager_for, serve
 
 
 @pytest.mark.parametrize(("start", "name"), list(enumerate(("lru", "arc", "slru"))))
@@ -67,29 +59,18 @@ def test_manager_over_leader_matches_manager_over_its_model(
             margin=0.0,
             early=leader.EARLY,
         )
-        real, twin = _manager(policy, capacity), _manager(model, capacity)
+        real, twin = manager_for(policy, capacity), manager_for(model, capacity)
         for ids, load, ok in reqs:
-            keys = [_k(i) for i in dict.fromkeys(ids)]
-            hit = real.lookup(keys)
-            assert twin.lookup(keys) == hit
-            for m in (real, twin):
-                m.touch(keys)
-                if load and hit:
-                    m.prepare_load(keys[:hit])
-            out = real.prepare_store(keys[hit:])
-            assert twin.prepare_store(keys[hit:]) == out
-            for m in (real, twin):
-                m.touch(keys)
-                if out is not None:
-                    m.complete_store(out.block_hashes_to_store, success=ok)
-                if load and hit:
+            keys, hit = serve(real, twin, ids, load, ok)
+            if load and hit:
+                for m in (real, twin):
                     m.complete_load(keys[:hit])
             assert policy.leader == ("lru", "arc", "slru")[model.leader]
             assert policy.sizes == model.sizes
 
 
 def _serve(m: TierManager, ids: list[int]) -> int:
-    keys = [_k(i) for i in ids]
+    keys = [block_key(i) for i in ids]
     hit = m.lookup(keys)
     m.touch(keys)
     out = m.prepare_store(keys[hit:])
@@ -111,7 +92,11 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
     model = LeaderModel(
         8, start=0, window=1, decay=leader.DECAY, margin=leader.MARGIN, early=leader.EARLY
     )
-    tier, twin, lru = _manager(policy, 8), _manager(model, 8), _manager(make_policy("lru", 8), 8)
+    tier, twin, lru = (
+        manager_for(policy, 8),
+        manager_for(model, 8),
+        manager_for(make_policy("lru", 8), 8),
+    )
     hits = {"leader": 0, "lru": 0}
     leaders = []
     fresh = 1000
@@ -143,7 +128,7 @@ def test_a_clear_lead_ends_a_window_early(monkeypatch: pytest.MonkeyPatch, early
     model = LeaderModel(
         8, start=0, window=10**12, decay=leader.DECAY, margin=leader.MARGIN, early=early
     )
-    tier, twin = _manager(policy, 8), _manager(model, 8)
+    tier, twin = manager_for(policy, 8), manager_for(model, 8)
     leaders = []
     fresh = 1000
     for step in range(300):

@@ -19,16 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.blocks import BlockHash, Medium
-from kvtier.scheduler.manager import TierManager
+from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 from tests.budget import examples
 
 from .models import ARCModel, LeaderModel, LRUModel, SLRUModel, _ShadowModel
-
-
-def _k(i: int) -> BlockHash:
-    return BlockHash(i.to_bytes(8, "little"))
+from .twins import block_key, manager_for, serve
 
 
 def _never_held(key: BlockHash) -> bool:
@@ -42,7 +38,7 @@ def test_each_shadow_serves_a_request_as_its_model_does(index: int, capacity: in
     model = _ShadowModel((LRUModel, ARCModel, SLRUModel)[index](capacity))
     rng = random.Random(capacity * 3 + index)
     for _ in range(300):
-        keys = [_k(rng.randrange(2 * capacity + 3)) for _ in range(rng.randint(1, 5))]
+        keys = [block_key(rng.randrange(2 * capacity + 3)) for _ in range(rng.randint(1, 5))]
         assert shadow.request(keys) == model.serve(keys)
         assert shadow.hits == model.hits
         assert shadow.resident == set(model.resident)
@@ -68,26 +64,12 @@ def _run(
     model = LeaderModel(
         capacity, start=start, window=window, decay=leader.DECAY, margin=margin, early=early
     )
-    real, twin = (
-        TierManager(medium=Medium.CPU, num_blocks=capacity, block_size=16, policy=p)
-        for p in (policy, model)
-    )
+    real, twin = manager_for(policy, capacity), manager_for(model, capacity)
     leaders: list[str] = []
     for ids, load, ok in reqs:
-        keys = [_k(i) for i in dict.fromkeys(ids)]
-        hit = real.lookup(keys)
-        assert twin.lookup(keys) == hit
-        for m in (real, twin):
-            m.touch(keys)
-            if load and hit:
-                m.prepare_load(keys[:hit])
-        out = real.prepare_store(keys[hit:])
-        assert twin.prepare_store(keys[hit:]) == out
-        for m in (real, twin):
-            m.touch(keys)
-            if out is not None:
-                m.complete_store(out.block_hashes_to_store, success=ok)
-            if load and hit:
+        keys, hit = serve(real, twin, ids, load, ok)
+        if load and hit:
+            for m in (real, twin):
                 m.complete_load(keys[:hit])
         assert policy.leader == ("lru", "arc", "slru")[model.leader]
         assert policy.sizes == model.sizes

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.blocks import BlockHash, Medium
+from kvtier.blocks import BlockHash
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy, sampling
 from kvtier.sim.replay import replay
@@ -26,14 +26,7 @@ from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
 from .models import LeaderModel
-
-
-def _k(i: int) -> BlockHash:
-    return BlockHash(i.to_bytes(8, "little"))
-
-
-def _manager(policy: object, capacity: int) -> TierManager:
-    return TierManager(medium=Medium.CPU, num_blocks=capacity, block_size=16, policy=policy)  # type: ignore[arg-type]
+from .twins import block_key, manager_for, serve
 
 
 def _small_samples(mp: pytest.MonkeyPatch) -> None:
@@ -95,25 +88,13 @@ def _run(
         early=early,
         rate=rate,
     )
-    real, twin = _manager(policy, capacity), _manager(model, capacity)
+    real, twin = manager_for(policy, capacity), manager_for(model, capacity)
     follows: list[str] = []
     pinned: list[list[BlockHash]] = []
     for ids, load, ok in reqs:
-        keys = [_k(i) for i in dict.fromkeys(ids)]
-        hit = real.lookup(keys)
-        assert twin.lookup(keys) == hit
-        for m in (real, twin):
-            m.touch(keys)
-            if load and hit:
-                m.prepare_load(keys[:hit])
+        keys, hit = serve(real, twin, ids, load, ok)
         if load and hit:
             pinned.append(keys[:hit])
-        out = real.prepare_store(keys[hit:])
-        assert twin.prepare_store(keys[hit:]) == out
-        for m in (real, twin):
-            m.touch(keys)
-            if out is not None:
-                m.complete_store(out.block_hashes_to_store, success=ok)
         if len(pinned) > 2 or (pinned and not load):  # loads finish a little later
             done = pinned.pop(0)
             for m in (real, twin):
@@ -176,7 +157,7 @@ def test_the_sampled_tier_follows_its_model_on_any_requests(
 
 
 def _serve(m: TierManager, ids: list[int]) -> int:
-    keys = [_k(i) for i in ids]
+    keys = [block_key(i) for i in ids]
     hit = m.lookup(keys)
     m.touch(keys)
     out = m.prepare_store(keys[hit:])
@@ -197,7 +178,7 @@ def test_a_sampled_tier_takes_on_a_scan_resistant_leader_and_hits_more_than_lru(
     monkeypatch.setattr(leader, "WINDOW_MIN", 1)
     policy = LeaderPolicy(32)
     assert policy.sample_rate == 4
-    tier, lru = _manager(policy, 32), _manager(make_policy("lru", 32), 32)
+    tier, lru = manager_for(policy, 32), manager_for(make_policy("lru", 32), 32)
     hits = {"leader": 0, "lru": 0}
     follows = []
     fresh = 1000
@@ -223,7 +204,7 @@ def test_a_switch_back_before_any_eviction_keeps_the_instance(
     _small_samples(monkeypatch)
     policy = LeaderPolicy(8)
     tier = policy._tier
-    keys = [_k(i) for i in range(8)]
+    keys = [block_key(i) for i in range(8)]
     policy.add_all(keys)
     policy.touch_all(keys[:3], ())
     instance = tier.policy  # type: ignore[union-attr]
@@ -242,7 +223,7 @@ def test_a_sampled_tier_ignores_a_touch_of_an_absent_key(monkeypatch: pytest.Mon
     """As the in-step tier does, whichever policy leads (LRU's own list would raise)."""
     _small_samples(monkeypatch)
     policy = LeaderPolicy(8)
-    policy.add_all([_k(1), _k(2)])
-    policy.touch(_k(9), True)
-    policy.touch(_k(1), True)
-    assert policy.choose_victims(2, lambda key: False, (), ()) == [_k(2), _k(1)]
+    policy.add_all([block_key(1), block_key(2)])
+    policy.touch(block_key(9), True)
+    policy.touch(block_key(1), True)
+    assert policy.choose_victims(2, lambda key: False, (), ()) == [block_key(2), block_key(1)]
