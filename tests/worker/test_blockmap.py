@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import re
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvtier.errors import ProtocolError
 from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
+from kvtier.worker import blockmap
 from kvtier.worker.blockmap import RowPlan, expand_block_ids, plan_rows, repeats
 
 
@@ -120,3 +124,131 @@ def test_run_starts_where_rows_stop_being_consecutive(rows: list[int]) -> None:
 @given(st.lists(st.integers(-5, 20), max_size=25))
 def test_repeats_is_a_duplicate_check(ids: list[int]) -> None:
     assert repeats(np.asarray(ids, dtype=np.int64)) == (len(set(ids)) != len(ids))
+
+
+# plan_rows checks small jobs on Python lists and larger ones with numpy
+# (SMALL_JOB_ROWS): both against a reference written from the definition.
+
+
+def _reference_plan(
+    gpu: list[int], cpu: list[int], f: int, skip: int, n_gpu: int, n_cpu: int, gpu_is_dst: bool
+) -> tuple[list[int], list[int], list[int]] | str:
+    """(gpu rows, cpu rows, run starts), or the error message plan_rows must raise."""
+    if len(gpu) != len(cpu) * f - skip:
+        return f"{len(cpu) * f - skip} GPU blocks expected, got {len(gpu)}"
+    for name, ids, limit in (("GPU", gpu, n_gpu), ("CPU", cpu, n_cpu)):
+        for b in ids:
+            if not 0 <= b < limit:
+                return f"{name} block id {b} out of range 0..{limit - 1}"
+    rows = [b * f + k for b in cpu for k in range(f)][skip:]
+    dst_name, dst = ("GPU", gpu) if gpu_is_dst else ("CPU", rows)
+    if len(set(dst)) != len(dst):
+        return f"destination {dst_name} blocks repeat in one job: {dst}"
+    starts = [i for i in range(len(rows)) if i == 0 or rows[i] != rows[i - 1] + 1]
+    return gpu, rows, starts
+
+
+@st.composite
+def _jobs(draw: st.DrawFn) -> tuple[list[int], list[int], int, int, int, int, bool]:
+    f = draw(st.integers(1, 4))
+    m = draw(st.integers(0, (2 * blockmap.SMALL_JOB_ROWS) // f + 2))
+    skip = draw(st.integers(0, f - 1)) if m else 0
+    n_gpu, n_cpu = draw(st.integers(1, 300)), draw(st.integers(1, 80))
+    rows = max(0, m * f - skip + draw(st.sampled_from([0, 0, 0, 0, -1, 1])))
+    if draw(st.booleans()):  # distinct, in range: a plan, or one planted fault
+        cpu = draw(st.permutations(range(max(n_cpu, m))))[:m]
+        gpu = draw(st.permutations(range(max(n_gpu, rows))))[:rows]
+        if gpu and draw(st.booleans()):
+            gpu[draw(st.integers(0, len(gpu) - 1))] = draw(st.sampled_from([-1, n_gpu, gpu[0]]))
+    else:  # anything: repeats and out-of-range ids in both lists
+        cpu = draw(st.lists(st.integers(-2, n_cpu + 1), min_size=m, max_size=m))
+        gpu = draw(st.lists(st.integers(-2, n_gpu + 1), min_size=rows, max_size=rows))
+    return gpu, cpu, f, skip, n_gpu, n_cpu, draw(st.booleans())
+
+
+@pytest.mark.parametrize("threshold", ["default", 0, 10**9])
+@given(job=_jobs())
+def test_plan_matches_reference_on_both_paths(threshold, job) -> None:
+    gpu, cpu, f, skip, n_gpu, n_cpu, gpu_is_dst = job
+    want = _reference_plan(gpu, cpu, f, skip, n_gpu, n_cpu, gpu_is_dst)
+    size = blockmap.SMALL_JOB_ROWS if threshold == "default" else threshold
+    with mock.patch.object(blockmap, "SMALL_JOB_ROWS", size):
+        try:
+            plan = plan_rows(
+                GPULoadStoreSpec(tuple(gpu), skip_count=skip),
+                CPULoadStoreSpec(tuple(cpu)),
+                block_size_factor=f,
+                num_gpu_blocks=n_gpu,
+                num_cpu_blocks=n_cpu,
+                gpu_is_dst=gpu_is_dst,
+            )
+        except ProtocolError as exc:
+            assert isinstance(want, str), f"raised {exc}, want {want}"
+            assert want in str(exc)
+            return
+    assert not isinstance(want, str), f"planned, want error {want}"
+    assert (plan.gpu_rows.tolist(), plan.cpu_rows.tolist(), plan.run_starts.tolist()) == want
+    for arr in (plan.gpu_rows, plan.cpu_rows, plan.run_starts):
+        assert arr.dtype == np.int64 and arr.ndim == 1
+
+
+@pytest.mark.parametrize("n", [2, 63, 64, 65, 128])
+@pytest.mark.parametrize("fault", [None, "gpu_high", "gpu_negative", "cpu_high", "repeat"])
+@pytest.mark.parametrize("gpu_is_dst", [False, True])
+def test_plan_around_the_threshold(n: int, fault: str | None, gpu_is_dst: bool) -> None:
+    """Jobs of up to SMALL_JOB_ROWS GPU blocks take the list path, larger ones numpy;
+    both give the same rows and refuse the same faults with the same messages."""
+    gpu, cpu = list(range(2 * n - 1, 0, -2)), list(range(n))  # one run on the host
+    want = {
+        None: None,
+        "gpu_high": f"GPU block id {2 * n} out of range 0..{2 * n - 1}",
+        "gpu_negative": f"GPU block id -1 out of range 0..{2 * n - 1}",
+        "cpu_high": f"CPU block id {n} out of range 0..{n - 1}",
+        "repeat": "blocks repeat in one job",
+    }[fault]
+    last = n - 1
+    if fault == "gpu_high":
+        gpu[last] = 2 * n
+    elif fault == "gpu_negative":
+        gpu[last] = -1
+    elif fault == "cpu_high":
+        cpu[last] = n
+    elif fault == "repeat":
+        gpu[last], cpu[last] = gpu[0], cpu[0]
+    small = mock.patch.object(blockmap, "_plan_small", wraps=blockmap._plan_small)
+    with small as spy, contextlib.ExitStack() as stack:
+        if fault is not None:
+            stack.enter_context(pytest.raises(ProtocolError, match=re.escape(want)))
+        plan = plan_rows(
+            GPULoadStoreSpec(tuple(gpu)),
+            CPULoadStoreSpec(tuple(cpu)),
+            block_size_factor=1,
+            num_gpu_blocks=2 * n,
+            num_cpu_blocks=n,
+            gpu_is_dst=gpu_is_dst,
+        )
+    assert spy.called == (n <= blockmap.SMALL_JOB_ROWS)
+    if fault is None:
+        assert plan.gpu_rows.tolist() == gpu
+        assert plan.cpu_rows.tolist() == cpu
+        assert plan.run_starts.tolist() == [0]
+
+
+@pytest.mark.parametrize("threshold", [0, 10**9])
+@pytest.mark.parametrize(
+    ("factor", "skip", "cpu", "match"), [(1, 1, 3, "skip_count"), (0, 0, 2, "factor")]
+)
+def test_plan_rejects_bad_factor_or_skip_on_both_paths(threshold, factor, skip, cpu, match) -> None:
+    gpu = tuple(range(cpu * factor - skip))
+    with (
+        mock.patch.object(blockmap, "SMALL_JOB_ROWS", threshold),
+        pytest.raises(ProtocolError, match=match),
+    ):
+        plan_rows(
+            GPULoadStoreSpec(gpu, skip_count=skip),
+            CPULoadStoreSpec(tuple(range(cpu))),
+            block_size_factor=factor,
+            num_gpu_blocks=10,
+            num_cpu_blocks=10,
+            gpu_is_dst=False,
+        )
