@@ -168,6 +168,41 @@ def test_a_row_out_of_range_raises_before_anything_is_copied(
     assert all(torch.equal(f, b) for f, b in zip(frags, before[0], strict=True))
 
 
+@pytest.mark.parametrize("path", ["native", "native-streaming"])
+def test_jobs_of_every_size_through_one_route(monkeypatch, path) -> None:
+    """A route copies through its own row buffers, grown for a larger job and reused
+    for smaller ones (the rows past a smaller job's end are stale: never copied)."""
+    frags, slab = random_tensors([3, 64, 8], 400, 300, seed=7)
+    copier = host_copier(monkeypatch, path, frags, slab)
+    rng = np.random.default_rng(7)
+    for i, n in enumerate((1, 64, 65, 300, 2, 150, 64)):
+        plan = RowPlan.pairing(rows(rng, "random", n, 400), rows(rng, "random", n, 300))
+        check_job(copier, frags, slab, plan, gpu_to_cpu=i % 2 == 0)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize(("side", "at"), [("GPU", 0), ("GPU", 199), ("host", 0), ("host", 299)])
+def test_a_bad_row_late_in_a_long_job_is_named_and_nothing_is_copied(
+    monkeypatch, path, side, at
+) -> None:
+    frags, slab = random_tensors([8, 24], 400, 300, seed=2)
+    copier = host_copier(monkeypatch, path, frags, slab)
+    before = [f.clone() for f in frags], slab.clone()
+    rng = np.random.default_rng(2)
+    gpu, cpu = rows(rng, "random", 300, 400), rows(rng, "random", 300, 300)
+    bad = 400 + at if side == "GPU" else -3 - at
+    (gpu if side == "GPU" else cpu)[at] = bad
+    plan = RowPlan.pairing(gpu, cpu)
+    limit = 399 if side == "GPU" else 299
+    for gpu_to_cpu in (True, False):
+        with pytest.raises(
+            TransferSpecError, match=rf"{side} row {bad} out of range 0\.\.{limit}$"
+        ):
+            copier.copy(plan, gpu_to_cpu)
+    assert torch.equal(slab, before[1])
+    assert all(torch.equal(f, b) for f, b in zip(frags, before[0], strict=True))
+
+
 def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:
     native = require_native()
     src = [torch.zeros((4, 8), dtype=torch.uint8)]

@@ -33,11 +33,16 @@
    fragment's unaligned head and sub-64-byte tail are copied once, with memmove,
    before the interleaved bodies.
 
-   The caller (rowcopy.py) has checked every row index against both sides' row counts
-   and the fragment table against the tensors; this code trusts them (a wrong index
-   here would write out of bounds). memmove, not memcpy: the same speed here, and no
-   undefined behaviour should a caller ever hand it overlapping memory (the streaming
-   loop copies forward; the two sides of a kvtier job never overlap).
+   Every row index is checked here, against each side's row count, before anything is
+   copied (a wrong index would write out of bounds); the fragment table is checked
+   against the tensors by rowcopy.py, which builds it once per route. memmove, not
+   memcpy: the same speed here, and no undefined behaviour should a caller ever hand
+   it overlapping memory (the streaming loop copies forward; the two sides of a
+   kvtier job never overlap).
+
+   One job is one call with three arguments: the route (fragment tables, row counts
+   and the route's two row buffers, fixed between jobs), the row count and the store
+   kind; ctypes converts each argument on every call, ~0.3 us apiece.
 
    Called through ctypes.CDLL, which releases the GIL for the call: two handler lanes
    copy at once. Nothing here touches Python. */
@@ -49,7 +54,7 @@
 #include <emmintrin.h>
 #endif
 
-#define KVTIER_ROWCOPY_ABI 2
+#define KVTIER_ROWCOPY_ABI 3
 #define PAGE 4096
 #ifndef WAYS
 #define WAYS 4 /* fragments streamed at once */
@@ -105,10 +110,42 @@ static void copy_streaming(int64_t ways, char *const *dst, const char *const *sr
 #endif
 }
 
-void kvtier_copy_rows(int64_t n_rows, const int64_t *src_rows, const int64_t *dst_rows,
-                      int64_t n_frags, const uintptr_t *src_base, const int64_t *src_stride,
-                      const uintptr_t *dst_base, const int64_t *dst_stride,
-                      const int64_t *frag_bytes, int32_t stream) {
+/* Everything about one route that is fixed between jobs (rowcopy.py fills it once;
+   the row arrays are the route's own buffers, which it refills before each call). */
+struct kvtier_route {
+    int64_t n_frags;
+    const uintptr_t *src_base;
+    const int64_t *src_stride;
+    const uintptr_t *dst_base;
+    const int64_t *dst_stride;
+    const int64_t *frag_bytes;
+    int64_t src_limit; /* rows of the source side: every src_rows[i] must be below */
+    int64_t dst_limit;
+    const int64_t *src_rows;
+    const int64_t *dst_rows;
+};
+
+static void copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stream);
+
+/* Copies rows 0..n_rows-1 of the route's row arrays, after checking every one: returns
+   -1 when it copied, or, copying nothing, the index of the first row out of range:
+   i for src_rows[i] (every source row is checked first), n_rows + i for dst_rows[i]. */
+int64_t kvtier_copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stream) {
+    for (int64_t i = 0; i < n_rows; i++) { /* unsigned: a negative row is above any limit */
+        if ((uint64_t)r->src_rows[i] >= (uint64_t)r->src_limit) return i;
+    }
+    for (int64_t i = 0; i < n_rows; i++) {
+        if ((uint64_t)r->dst_rows[i] >= (uint64_t)r->dst_limit) return n_rows + i;
+    }
+    copy_rows(r, n_rows, stream);
+    return -1;
+}
+
+static void copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stream) {
+    const int64_t n_frags = r->n_frags, *src_rows = r->src_rows, *dst_rows = r->dst_rows;
+    const uintptr_t *src_base = r->src_base, *dst_base = r->dst_base;
+    const int64_t *src_stride = r->src_stride, *dst_stride = r->dst_stride;
+    const int64_t *frag_bytes = r->frag_bytes;
     int packed = 1;
     for (int64_t f = 0; f < n_frags; f++) {
         if (src_stride[f] != frag_bytes[f] || dst_stride[f] != frag_bytes[f]) packed = 0;
