@@ -51,10 +51,18 @@ class ThreadLane:
     ones it waits for (one *runner* at a time, whichever thread holds ``_runner``).
     That saves the two thread switches of a hand-off (~20-40 us on the development
     VM, as long as a small job's copy) exactly where a caller waits for it.
+
+    Two conditions share one lock: the worker thread sleeps on ``_work`` (a job
+    queued, or the lane closed), callers in ``wait`` on ``_reported`` (a job reported,
+    or one queued while no one runs). A job's end wakes only callers: an
+    idle worker thread woken there would only take the GIL from the caller that ran
+    the job (measured with ``benchmarks/hostcopy_fixed.py``).
     """
 
     def __init__(self, name: str) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._reported = threading.Condition(self._lock)
         self._queue: deque[tuple[int, EnqueueFn | None, str | None]] = deque()
         self._runner = threading.Lock()  # held while a job runs: jobs never overlap
         self._done: deque[TransferResult] = deque()
@@ -69,17 +77,18 @@ class ThreadLane:
         After ``close`` the thread is gone and every earlier job is done, so a job
         is reported at once: failed, since a closed lane runs nothing.
         """
-        with self._cond:
+        with self._lock:
             if self._closed:
                 self._done.append(TransferResult.failed(job_id, error or "lane is closed"))
                 return
             self._in_flight.add(job_id)
             self._queue.append((job_id, fn, error))
-            self._cond.notify_all()
+            self._work.notify()
+            self._reported.notify_all()
 
     def _run_next(self) -> bool:
         """Run the oldest queued job, if any; the caller holds ``_runner``."""
-        with self._cond:
+        with self._lock:
             if not self._queue:
                 return False
             job_id, fn, error = self._queue.popleft()
@@ -95,16 +104,16 @@ class ThreadLane:
             result = TransferResult.failed(job_id, _describe(exc))
             raise  # the job is still reported (finally), so no wait hangs on it
         finally:
-            with self._cond:
+            with self._lock:
                 self._done.append(result)
                 self._in_flight.discard(job_id)
-                self._cond.notify_all()
+                self._reported.notify_all()
         return True
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closed)
+            with self._lock:
+                self._work.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return  # closed, and everything queued has run
             with self._runner:
@@ -112,7 +121,7 @@ class ThreadLane:
 
     def poll(self) -> list[TransferResult]:
         """Jobs finished since the last poll, in submission order."""
-        with self._cond:
+        with self._lock:
             out = list(self._done)
             self._done.clear()
         return out
@@ -122,7 +131,7 @@ class ThreadLane:
         itself (in order) while the worker thread is not running one."""
         wanted = set(job_ids)
         while True:
-            with self._cond:
+            with self._lock:
                 if not wanted & self._in_flight:
                     return
             if self._runner.acquire(blocking=False):
@@ -132,8 +141,8 @@ class ThreadLane:
                     self._runner.release()
                 if ran:
                     continue
-            with self._cond:  # the worker thread runs a job: wait for it to report
-                self._cond.wait_for(
+            with self._lock:  # the worker thread runs a job: wait for it to report
+                self._reported.wait_for(
                     lambda: (
                         not wanted & self._in_flight
                         or (bool(self._queue) and not self._runner.locked())
@@ -142,11 +151,12 @@ class ThreadLane:
 
     def close(self) -> None:
         """Run what is queued, then stop the thread. Idempotent."""
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify()
+            self._reported.notify_all()
         self._thread.join()
 
 
