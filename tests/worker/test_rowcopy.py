@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from kvtier.errors import TransferSpecError
 from kvtier.worker import rowcopy
 from kvtier.worker.blockmap import RowPlan
-from kvtier.worker.pagecopy import HostPageCopier
+from kvtier.worker.pagecopy import HostPageCopier, SlabRows
 
 from .conftest import require_native
 
@@ -201,6 +201,55 @@ def test_a_bad_row_late_in_a_long_job_is_named_and_nothing_is_copied(
             copier.copy(plan, gpu_to_cpu)
     assert torch.equal(slab, before[1])
     assert all(torch.equal(f, b) for f, b in zip(frags, before[0], strict=True))
+
+
+def slab_rows(mp: pytest.MonkeyPatch, path: str, slab: torch.Tensor) -> SlabRows:
+    if path.startswith("native"):
+        require_native()
+        mp.setattr(rowcopy, "STREAM_MIN_BYTES", 0 if path.endswith("streaming") else 1 << 60)
+    else:
+        mp.setenv(rowcopy.SWITCH_ENV, "0")
+    rows_ = SlabRows(slab)
+    assert rows_.kind == ("numpy" if path == "numpy" else "native")
+    return rows_
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("page", [1, 200, 8 * KIB + 40])
+@pytest.mark.parametrize("n", [0, 1, 5, 70])
+def test_slab_rows_scatter_and_gather_whole_pages(monkeypatch, path, page, n) -> None:
+    """The host side of the CUDA copier's bounce path, against torch row copies."""
+    _, slab = random_tensors([page], 1, 90, seed=page + n)
+    moved = slab_rows(monkeypatch, path, slab)
+    rng = np.random.default_rng(n)
+    cpu = rows(rng, "random", n, 90)
+    buffer = torch.randint(0, 256, (n, page), dtype=torch.uint8)
+    want = slab.clone()
+    for i, c in enumerate(cpu.tolist()):
+        want[c] = buffer[i]
+    moved.scatter(buffer, cpu)
+    assert torch.equal(slab, want)
+    slab.copy_(torch.randint(0, 256, slab.shape, dtype=torch.uint8))
+    out = torch.zeros((n, page), dtype=torch.uint8)
+    moved.gather(cpu, out)
+    assert torch.equal(out, slab[torch.from_numpy(cpu)] if n else out)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bad", [90, -1])
+def test_slab_rows_refuse_a_row_past_the_slab_and_copy_nothing(monkeypatch, path, bad) -> None:
+    _, slab = random_tensors([64], 1, 90, seed=5)
+    moved = slab_rows(monkeypatch, path, slab)
+    cpu = np.array([3, 7, bad], dtype=np.int64)
+    buffer = torch.randint(0, 256, (3, 64), dtype=torch.uint8)
+    before, buffer_before = slab.clone(), buffer.clone()
+    with pytest.raises(TransferSpecError, match=rf"host row {bad} out of range 0\.\.89"):
+        moved.scatter(buffer, cpu)
+    with pytest.raises(TransferSpecError, match=rf"host row {bad} out of range 0\.\.89"):
+        moved.gather(cpu, buffer)
+    with pytest.raises(TransferSpecError, match="3 slab rows for a buffer of 2"):
+        moved.scatter(buffer[:2], np.array([1, 2, 3], dtype=np.int64))
+    assert torch.equal(slab, before) and torch.equal(buffer, buffer_before)
 
 
 def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:

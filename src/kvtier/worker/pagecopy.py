@@ -43,7 +43,10 @@ one call per block per layer:
   (many short runs), ONE copy per job through a pinned bounce buffer, gathered from
   the slab on the host before a load, scattered into the slab after a store
   (``finish``, run by the lane once the copy is done). Link transfers are therefore
-  as large as the job, never per-page.
+  as large as the job, never per-page. The host side of that path (``SlabRows``)
+  moves whole pages between the slab and the bounce buffer in one call of the
+  compiled row copier (bounds checked in C, non-temporal stores from 1 MiB), or with
+  numpy where it is not built; it runs on CPU tensors too, so CPU tests check it.
 
 Copies go through the widest word dtype that tiles the pages (``kv_view.word_dtype``)
 on the GPU, and through whole rows on the host.
@@ -58,6 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvtier.errors import TransferSpecError
 from kvtier.worker.blockmap import RowPlan
 from kvtier.worker.kv_view import as_words, word_dtype
 from kvtier.worker.rowcopy import check_rows, native_row_copier
@@ -214,6 +218,60 @@ class HostPageCopier:
                     gpu[gs] = cpu[cs]
 
 
+class SlabRows:
+    """Whole pages between the slab and a contiguous host buffer, in the calling thread.
+
+    The host side of ``CudaPageCopier``'s scattered path: ``scatter`` after a store's
+    device-to-host copy into the bounce buffer, ``gather`` before a load's host-to-device
+    copy from it. One call of the compiled row copier per job (a route per buffer:
+    the buffer is the job's own), or numpy row items where it is not built. Rows are
+    checked against the slab before anything is copied.
+
+    Attributes:
+        kind: ``"native"`` or ``"numpy"``, as ``HostPageCopier.kind``.
+    """
+
+    def __init__(self, slab_sub: torch.Tensor) -> None:
+        """Args: slab_sub: ``(num_cpu_blocks * f, page_bytes)`` uint8 view of the slab."""
+        self._slab = slab_sub
+        self._items = row_items(slab_sub)
+        self._native = native_row_copier()
+        self.kind = "numpy" if self._native is None else "native"
+
+    def scatter(self, buffer: torch.Tensor, cpu_rows: np.ndarray) -> None:
+        """Copy ``buffer`` row ``i`` to slab row ``cpu_rows[i]``, for every ``i``.
+
+        Raises:
+            TransferSpecError: a row past the slab, or lengths that differ.
+        """
+        self._move(buffer, cpu_rows, to_slab=True)
+
+    def gather(self, cpu_rows: np.ndarray, buffer: torch.Tensor) -> None:
+        """Copy slab row ``cpu_rows[i]`` to ``buffer`` row ``i``, for every ``i``.
+
+        Raises:
+            TransferSpecError: a row past the slab, or lengths that differ.
+        """
+        self._move(buffer, cpu_rows, to_slab=False)
+
+    def _move(self, buffer: torch.Tensor, cpu_rows: np.ndarray, to_slab: bool) -> None:
+        n = len(cpu_rows)
+        if int(buffer.shape[0]) != n:
+            raise TransferSpecError(f"{n} slab rows for a buffer of {int(buffer.shape[0])}")
+        if self._native is not None:
+            own = np.arange(n, dtype=np.int64)
+            if to_slab:
+                self._native.route([buffer], [self._slab], ("buffer", "host")).copy(own, cpu_rows)
+            else:
+                self._native.route([self._slab], [buffer], ("host", "buffer")).copy(cpu_rows, own)
+            return
+        check_rows(np.asarray(cpu_rows, dtype=np.int64), len(self._items), "host")
+        if to_slab:
+            self._items[cpu_rows] = row_items(buffer)
+        else:
+            np.take(self._items, cpu_rows, out=row_items(buffer), mode="clip")  # checked
+
+
 class CudaPageCopier:
     """Enqueues a job's copies on the current CUDA stream through a staging buffer."""
 
@@ -222,7 +280,7 @@ class CudaPageCopier:
         frag_bytes = [int(f.shape[1]) for f in gpu_frags]
         self._device = gpu_frags[0].device
         self._slab_sub = slab_sub
-        self._slab_rows = row_items(slab_sub)
+        self._slab_rows = SlabRows(slab_sub)
         self._frag_bytes = frag_bytes
         self._dtype = word_dtype(*gpu_frags, *slab_fragments(slab_sub, frag_bytes))
         self._gpu = [as_words(f, self._dtype) for f in gpu_frags]
@@ -251,10 +309,10 @@ class CudaPageCopier:
                 torch.index_select(gpu, 0, rows, out=stage)
             if bounce is not None:
                 bounce.copy_(staging, non_blocking=True)  # one device-to-host copy per job
-                slab, cpu_rows, bounce_rows = self._slab_rows, plan.cpu_rows, row_items(bounce)
+                slab, cpu_rows, done = self._slab_rows, plan.cpu_rows, bounce
 
                 def finish() -> None:
-                    slab[cpu_rows] = bounce_rows
+                    slab.scatter(done, cpu_rows)
 
                 return n * page, Deferred(keep=(rows, staging, bounce), finish=finish)
             for start, first, length in runs:
@@ -263,7 +321,7 @@ class CudaPageCopier:
                 )
         else:
             if bounce is not None:  # the rows are READY: nothing writes them meanwhile
-                np.take(self._slab_rows, plan.cpu_rows, out=row_items(bounce), mode="clip")
+                self._slab_rows.gather(plan.cpu_rows, bounce)
                 staging.copy_(bounce, non_blocking=True)  # one host-to-device copy per job
             else:
                 for start, first, length in runs:
