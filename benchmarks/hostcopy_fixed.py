@@ -16,6 +16,11 @@ the pieces run round-robin ``REPEATS`` times after a warm-up, warm caches:
 Each is timed in wall and thread CPU time; the output keeps per-piece medians and
 10th percentiles (the 2-core VM is shared: the low percentile is the quiet case) of
 every round, and the summary the medians over rounds, per tree.
+
+``python benchmarks/hostcopy_fixed.py --plan [out.json]`` instead times ``plan_rows``
+alone in this tree, its list path against its numpy path (``SMALL_JOB_ROWS`` set
+above and below the job), alternating in one process, for jobs of 16-1024 GPU blocks
+with block_size_factor 1 and 4, stores and loads: where the threshold belongs.
 """
 
 from __future__ import annotations
@@ -130,6 +135,53 @@ def measure_case(page: int, blocks: int) -> dict[str, Any]:
     return out
 
 
+def plan_ab(out: str) -> None:
+    """``plan_rows``: list path against numpy path, alternating, thread CPU us."""
+    import numpy as np
+
+    from kvtier.load_store_specs import CPULoadStoreSpec, GPULoadStoreSpec
+    from kvtier.results import git_commit, machine_info
+    from kvtier.worker import blockmap
+
+    rng = np.random.default_rng(0)
+    rows = []
+    load = [os.getloadavg()[0]]
+    for factor in (1, 4):
+        for gpu_blocks in (16, 32, 64, 128, 256, 1024):
+            m = gpu_blocks // factor
+            gpu = GPULoadStoreSpec(tuple(rng.permutation(2 * gpu_blocks)[:gpu_blocks].tolist()))
+            cpu = CPULoadStoreSpec(tuple(rng.permutation(2 * m)[:m].tolist()))
+            for gpu_is_dst in (False, True):
+                times: dict[str, list[float]] = {"list": [], "numpy": []}
+                for k in range(4000 // max(16, gpu_blocks // 8)):
+                    for path in ("list", "numpy") if k % 2 == 0 else ("numpy", "list"):
+                        blockmap.SMALL_JOB_ROWS = 10**9 if path == "list" else 0
+                        c0 = time.thread_time()
+                        blockmap.plan_rows(
+                            gpu,
+                            cpu,
+                            block_size_factor=factor,
+                            num_gpu_blocks=2 * gpu_blocks,
+                            num_cpu_blocks=2 * m,
+                            gpu_is_dst=gpu_is_dst,
+                        )
+                        times[path].append(time.thread_time() - c0)
+                med = {k: round(statistics.median(v[10:]) * 1e6, 2) for k, v in times.items()}
+                row = {"factor": factor, "gpu_blocks": gpu_blocks, "load": gpu_is_dst, "us": med}
+                print(row, f"list/numpy {med['list'] / med['numpy']:.2f}", flush=True)
+                rows.append(row)
+    load.append(os.getloadavg()[0])
+    result = {
+        "benchmark": "hostcopy_fixed_plan",
+        "machine": machine_info(),
+        "commit": git_commit(),
+        "config": {"clock": "thread CPU time, median", "load_average_1min": load},
+        "rows": rows,
+    }
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """Per tree, case and piece: medians over rounds of (median, p10) wall and CPU us."""
     out: dict[str, Any] = {}
@@ -157,6 +209,10 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     if sys.argv[1] == "--child":
         print("RESULT " + json.dumps([measure_case(p, b) for p, b in CASES]), flush=True)
+        return
+    if sys.argv[1] == "--plan":
+        sys.path.insert(0, os.path.abspath("src"))
+        plan_ab(sys.argv[2] if len(sys.argv) > 2 else "benchmarks/results/hostcopy-plan.json")
         return
     base_src = os.path.abspath(sys.argv[1])
     rounds_n = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -192,12 +192,13 @@ def test_plan_matches_reference_on_both_paths(threshold, job) -> None:
         assert arr.dtype == np.int64 and arr.ndim == 1
 
 
-@pytest.mark.parametrize("n", [2, 63, 64, 65, 128])
+@pytest.mark.parametrize("offset", [-30, -1, 0, 1, 64])
 @pytest.mark.parametrize("fault", [None, "gpu_high", "gpu_negative", "cpu_high", "repeat"])
 @pytest.mark.parametrize("gpu_is_dst", [False, True])
-def test_plan_around_the_threshold(n: int, fault: str | None, gpu_is_dst: bool) -> None:
+def test_plan_around_the_threshold(offset: int, fault: str | None, gpu_is_dst: bool) -> None:
     """Jobs of up to SMALL_JOB_ROWS GPU blocks take the list path, larger ones numpy;
     both give the same rows and refuse the same faults with the same messages."""
+    n = max(2, blockmap.SMALL_JOB_ROWS + offset)
     gpu, cpu = list(range(2 * n - 1, 0, -2)), list(range(n))  # one run on the host
     want = {
         None: None,

@@ -37,7 +37,8 @@ class SingleDirectionHandler(OffloadingHandler):
     """GPU->CPU or CPU->GPU jobs, finished in submission order (see ``OffloadingHandler``).
 
     ``transfer_async`` validates the spec and plans the rows in the caller's thread
-    (cheap: numpy over block ids), then hands the copy to the lane. An invalid spec is
+    (cheap: Python lists for jobs of up to ``blockmap.SMALL_JOB_ROWS``
+    blocks, numpy above), then hands the copy to the lane. An invalid spec is
     refused (``False``) and reported failed, in order, by ``get_finished``.
     """
 

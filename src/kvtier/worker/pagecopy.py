@@ -8,8 +8,8 @@ one call per block per layer:
   every (row, fragment) moves straight from source row to destination row, one pass,
   no temporary, no Python per row; jobs of ``rowcopy.STREAM_MIN_BYTES`` (1 MiB) and
   more write with non-temporal stores; the next row's pages are prefetched a row
-  ahead. Its rows are bounds-checked in Python before the call (a bad plan raises
-  ``TransferSpecError``). Measured side by side with the numpy fallback below (one
+  ahead. Every row is bounds-checked (in C, before anything is copied; a bad plan
+  raises ``TransferSpecError``). Measured side by side with the numpy fallback below (one
   thread, CPU time, cold caches, 2 layers, random ids, store / load ÷ a one-thread
   plain copy; ``benchmarks/hostcopy_ab.py``,
   ``benchmarks/results/hostcopy-ab-vm-20261123T2018Z-loaded.json``, load 3.6-3.8):
