@@ -1,0 +1,349 @@
+"""Screen prototype eviction policies on issue 14's cells, against ``policy_cells.json``.
+
+Prototypes that are not switchers among LRU/ARC/SLRU shadows, kept here (not in
+``src/``) because none met issue 14; each is registered in ``POLICIES`` in the worker
+processes only, and replayed through the real manager (``kvtier.sim.replay``) on the
+workloads and capacities of ``policy_cells.py``. Prints per workload the hit blocks
+minus max(lru, arc) and minus the shipped ``leader``'s (both read from the JSON, which
+must come from a cell run of the same lru/arc code). Run from the repository root::
+
+    PYTHONPATH=src nice python benchmarks/prefix_screen.py branch_0.25 [CELLS_JSON] \
+        [--only synthetic,chat_seed1]
+
+Prototypes (``<name>_<x>``, ``x`` a parameter):
+
+* ``branch_<f>``: LRU with the blocks of *shared* prefixes protected up to a share
+  ``f`` of the tier. A key is shared once two requests have shown it two different
+  next keys (a branching point), and so is every key before it in such a request: a
+  system or tool prompt that several conversations continue, not one conversation's
+  history (each of its keys has one next key). Victims come from the unshared LRU
+  list first, from the shared one while it holds more than ``f`` of the tier (or
+  when the unshared list has nothing evictable): over its share, the older of the two
+  lists' coldest blocks goes (LRU between them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from itertools import islice
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import policy_cells as pc
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies import POLICIES
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.sim.replay import replay
+
+
+class BranchLRU(EvictionPolicy):
+    """LRU with shared-prefix blocks protected up to ``SHARE`` of the tier."""
+
+    name = "branch"
+    PARAMS = ("SHARE", "KIDS")
+    SHARE = 0.25
+    KIDS = 2
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.u: OrderedDict[BlockHash, None] = OrderedDict()
+        self.s: OrderedDict[BlockHash, None] = OrderedDict()
+        self.kids: dict[BlockHash, set[BlockHash]] = {}
+        self.shared: set[BlockHash] = set()
+        self.stamp: dict[BlockHash, int] = {}
+        self.clock = 0
+
+    def __len__(self) -> int:
+        return len(self.u) + len(self.s)
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        kids, shared, need = self.kids, self.shared, self.KIDS
+        deepest = -1
+        for i in range(len(keys) - 1):
+            key = keys[i]
+            seen = kids.setdefault(key, set())
+            if len(seen) < need:
+                seen.add(keys[i + 1])
+            if len(seen) >= need or key in shared:
+                deepest = i
+        for key in keys[: deepest + 1]:
+            if key not in shared:
+                shared.add(key)
+                if key in self.u:
+                    del self.u[key]
+                    self.s[key] = None
+
+    def _list(self, key: BlockHash) -> OrderedDict[BlockHash, None]:
+        return self.s if key in self.shared else self.u
+
+    def add(self, key: BlockHash) -> None:
+        self._list(key)[key] = None
+        self.clock += 1
+        self.stamp[key] = self.clock
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        lst = self.s if key in self.s else self.u
+        lst.move_to_end(key)
+        self.clock += 1
+        self.stamp[key] = self.clock
+
+    def remove(self, key: BlockHash) -> None:
+        self.u.pop(key, None)
+        self.s.pop(key, None)
+        self.stamp.pop(key, None)
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        limit = self.SHARE * self.capacity
+        s_left = len(self.s)
+        su = iter(self.u)
+        ss = iter(self.s)
+        victims: list[BlockHash] = []
+        cu = next((k for k in su if not is_held(k) and k not in protected), None)
+        cs = next((k for k in ss if not is_held(k) and k not in protected), None)
+        stamp = self.stamp
+        while len(victims) < n:
+            # over its share, the shared list competes by last use; else it is spared
+            take_s = cu is None or (s_left > limit and cs is not None and stamp[cs] < stamp[cu])
+            if take_s:
+                if cs is None:
+                    return None
+                victims.append(cs)
+                s_left -= 1
+                cs = next((k for k in ss if not is_held(k) and k not in protected), None)
+            else:
+                victims.append(cu)
+                cu = next((k for k in su if not is_held(k) and k not in protected), None)
+        return victims
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            self.remove(key)
+
+
+class BranchOver(EvictionPolicy):
+    """Shared-prefix blocks in a protected LRU list of at most ``SHARE`` of the tier,
+    the others in a real ``INNER`` policy (``lru``, ``arc``, ``slru``) of the tier's
+    capacity; over its share the protected list's coldest go first."""
+
+    name = "over"
+    PARAMS = ("INNER", "SHARE", "KIDS")
+    INNER = "arc"
+    SHARE = 0.5
+    KIDS = 3
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.inner = POLICIES[self.INNER](capacity)
+        self.s: OrderedDict[BlockHash, None] = OrderedDict()
+        self.kids: dict[BlockHash, set[BlockHash]] = {}
+        self.shared: set[BlockHash] = set()
+        self.resident: set[BlockHash] = set()
+
+    def __len__(self) -> int:
+        return len(self.resident)
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        kids, shared, need = self.kids, self.shared, self.KIDS
+        deepest = -1
+        for i in range(len(keys) - 1):
+            key = keys[i]
+            seen = kids.setdefault(key, set())
+            if len(seen) < need:
+                seen.add(keys[i + 1])
+            if len(seen) >= need or key in shared:
+                deepest = i
+        for key in keys[: deepest + 1]:
+            if key not in shared:
+                shared.add(key)
+                if key in self.resident:
+                    self.inner.remove(key)
+                    self.s[key] = None
+        self.inner.observe(keys)
+
+    def add(self, key: BlockHash) -> None:
+        self.resident.add(key)
+        if key in self.shared:
+            self.s[key] = None
+        else:
+            self.inner.add(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self.s:
+            self.s.move_to_end(key)
+        else:
+            self.inner.touch(key, reused)
+
+    def remove(self, key: BlockHash) -> None:
+        self.resident.discard(key)
+        if self.s.pop(key, 0) is not None:
+            self.inner.remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        if key not in self.s:
+            self.inner.release(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        over = max(0, len(self.s) - int(self.SHARE * self.capacity))
+        free = list(islice((k for k in self.s if not is_held(k) and k not in protected), n))
+        take = min(n, over, len(free))
+        rest = n - take
+        inner: list[BlockHash] | None = []
+        if rest:
+            inner = self.inner.choose_victims(rest, is_held, protected, incoming)
+            if inner is None:  # the inner list has too few: more from the protected one
+                have = len(self.resident) - len(self.s)
+                inner = self.inner.choose_victims(have, is_held, protected, incoming) if have else []
+                inner = inner or []
+                take = n - len(inner)
+                if take > len(free):
+                    return None
+        return free[:take] + inner
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        inner = []
+        for key in victims:
+            self.resident.discard(key)
+            if self.s.pop(key, 0) is not None:
+                inner.append(key)
+        if inner:
+            self.inner.evict(inner)
+
+
+class AdaptiveBranch(BranchLRU):
+    """``branch`` whose share is a target ``p`` adapted as ARC adapts T1's: a stored
+    key that the unshared list evicted lately (a ghost of it) lowers ``p``, one that
+    the shared list evicted raises it, by max(1, other ghosts / these ghosts); ghosts
+    of at most the tier's capacity each; ``p`` starts at ``SHARE`` of the tier."""
+
+    name = "abranch"
+    PARAMS = ("SHARE", "KIDS", "REUSE")
+    SHARE = 0.5
+    KIDS = 3
+    REUSE = 0  # 1: a reuse (a touch of a ready block) also moves a block to the shared list
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.p = self.SHARE * capacity
+        self.gu: OrderedDict[BlockHash, None] = OrderedDict()
+        self.gs: OrderedDict[BlockHash, None] = OrderedDict()
+
+    def add(self, key: BlockHash) -> None:
+        gu, gs = self.gu, self.gs
+        if key in gu:
+            del gu[key]
+            self.p = max(0.0, self.p - max(1.0, len(gs) / (len(gu) + 1)))
+        elif key in gs:
+            del gs[key]
+            self.p = min(float(self.capacity), self.p + max(1.0, len(gu) / (len(gs) + 1)))
+        super().add(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        self.SHARE = self.p / self.capacity
+        return super().choose_victims(n, is_held, protected, incoming)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if reused and self.REUSE and key in self.u:
+            del self.u[key]
+            self.s[key] = None
+            self.clock += 1
+            self.stamp[key] = self.clock
+        else:
+            super().touch(key, reused)
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            ghosts = self.s if key in self.s else None
+            ghost = self.gs if ghosts is not None else self.gu
+            ghost[key] = None
+            if len(ghost) > self.capacity:
+                ghost.popitem(last=False)
+        super().evict(victims)
+
+
+PROTOTYPES: dict[str, type[EvictionPolicy]] = {
+    "branch": BranchLRU,
+    "over": BranchOver,
+    "abranch": AdaptiveBranch,
+}
+
+
+def _register(variant: str) -> None:
+    name, *params = variant.split("_")
+    cls = PROTOTYPES[name]
+    for attr, param in zip(cls.PARAMS, params, strict=False):  # type: ignore[attr-defined]
+        setattr(cls, attr, type(getattr(cls, attr))(param))
+    POLICIES[variant] = cls  # before the first replay: an inner policy is looked up
+
+
+def _job(args: tuple[str, str]) -> tuple[str, list[int]]:
+    workload, variant = args
+    _register(variant)
+    trace = pc._trace(workload)
+    caps = [round(share * trace.num_distinct_blocks) for share in pc.SHARES]
+    return workload, [replay(trace, cap, variant).ratios.hit_blocks for cap in caps]
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--only")]
+    only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
+    variant = args[0]
+    cells = args[1] if len(args) > 1 else "benchmarks/results/policy_cells.json"
+    doc = json.loads(Path(cells).read_text())
+    rows = {row["workload"]: row for row in doc["rows"]}
+    names = [w for w in rows if not only or w in only[0]]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(2) as pool:
+        results = list(pool.map(_job, [(w, variant) for w in names]))
+    counts = [0, 0, 0]
+    lead = [0, 0, 0]
+    for workload, hits in results:
+        ref = rows[workload]["hit_blocks"]
+        best = [max(a, b) for a, b in zip(ref["lru"], ref["arc"], strict=True)]
+        diffs = [h - b for h, b in zip(hits, best, strict=True)]
+        for d in diffs:
+            counts[0 if d > 0 else 1 if d == 0 else 2] += 1
+        line = f"{workload:>16}: vs max(lru, arc) {diffs}"
+        if "leader" in ref:
+            vs = [h - b for h, b in zip(hits, ref["leader"], strict=True)]
+            line += f"  vs leader {vs}"
+            for d in vs:
+                lead[0 if d > 0 else 1 if d == 0 else 2] += 1
+        print(line, flush=True)
+    load = os.getloadavg()
+    print(
+        f"{variant}: above {counts[0]}, equal {counts[1]}, below {counts[2]} "
+        f"(vs leader {lead[0]}/{lead[1]}/{lead[2]}); "
+        f"{time.perf_counter() - start:.0f} s, load average {load[0]:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
