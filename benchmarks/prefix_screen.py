@@ -296,11 +296,32 @@ PROTOTYPES: dict[str, type[EvictionPolicy]] = {
 
 
 def _register(variant: str) -> None:
+    if variant.startswith("lead_"):  # leader with these shadows: lead_lru.arc.abranch
+        _lead(variant)
+        return
     name, *params = variant.split("_")
     cls = PROTOTYPES[name]
     for attr, param in zip(cls.PARAMS, params, strict=False):  # type: ignore[attr-defined]
         setattr(cls, attr, type(getattr(cls, attr))(param))
     POLICIES[variant] = cls  # before the first replay: an inner policy is looked up
+
+
+def _lead(variant: str) -> None:
+    from kvtier.scheduler.policies import leader
+
+    names = variant.removeprefix("lead_").split(".")
+    for name in names:
+        if name in PROTOTYPES:
+            _register(name)
+    leader.CANDIDATES = tuple(POLICIES[name] for name in names)
+    request = leader._Shadow.request
+
+    def observed(self, keys):  # type: ignore[no-untyped-def]
+        self.policy.observe(keys)  # the prototypes learn from it; lru/arc/slru ignore it
+        return request(self, keys)
+
+    leader._Shadow.request = observed  # type: ignore[method-assign]
+    POLICIES[variant] = leader.LeaderPolicy
 
 
 def _job(args: tuple[str, str]) -> tuple[str, list[int]]:
