@@ -238,10 +238,11 @@ class AdaptiveBranch(BranchLRU):
     of at most the tier's capacity each; ``p`` starts at ``SHARE`` of the tier."""
 
     name = "abranch"
-    PARAMS = ("SHARE", "KIDS", "REUSE")
+    PARAMS = ("SHARE", "KIDS", "REUSE", "GHOST")
     SHARE = 0.5
     KIDS = 3
     REUSE = 0  # 1: a reuse (a touch of a ready block) also moves a block to the shared list
+    GHOST = 0  # 1: a re-stored ghost (of either list) enters the shared list
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
@@ -251,13 +252,21 @@ class AdaptiveBranch(BranchLRU):
 
     def add(self, key: BlockHash) -> None:
         gu, gs = self.gu, self.gs
+        ghost = False
         if key in gu:
             del gu[key]
+            ghost = True
             self.p = max(0.0, self.p - max(1.0, len(gs) / (len(gu) + 1)))
         elif key in gs:
             del gs[key]
+            ghost = True
             self.p = min(float(self.capacity), self.p + max(1.0, len(gu) / (len(gs) + 1)))
-        super().add(key)
+        if ghost and self.GHOST:
+            self.s[key] = None
+            self.clock += 1
+            self.stamp[key] = self.clock
+        else:
+            super().add(key)
 
     def choose_victims(
         self,
@@ -288,7 +297,121 @@ class AdaptiveBranch(BranchLRU):
         super().evict(victims)
 
 
+class NovelBranch(AdaptiveBranch):
+    """``abranch`` plus a probation list N for the blocks stored by requests whose
+    first key was never looked up before (a new root: a pasted document, not a turn
+    of a known conversation or prompt). N's coldest go first while N holds more than
+    a target ``q``, adapted as ARC's: a re-stored ghost of N raises ``q``, one of the
+    other two lists lowers it. A reuse moves an N block to the unshared list."""
+
+    name = "nbranch"
+    PARAMS = ("SHARE", "KIDS", "QSHARE", "MOVE", "MERGE")
+    QSHARE = 0.0
+    MOVE = 1  # 0: a reuse keeps an N block in N (made the most recent there)
+    MERGE = 0  # 1: under its target, N's coldest compete with the others' victims by last use
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.n: OrderedDict[BlockHash, None] = OrderedDict()
+        self.gn: OrderedDict[BlockHash, None] = OrderedDict()
+        self.q = self.QSHARE * capacity
+        self.roots: set[BlockHash] = set()
+        self.novel = False
+
+    def __len__(self) -> int:
+        return super().__len__() + len(self.n)
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        self.novel = bool(keys) and keys[0] not in self.roots
+        if keys:
+            self.roots.add(keys[0])
+        super().observe(keys)
+        for key in keys:
+            if key in self.s and key in self.n:  # pragma: no cover - moved below
+                pass
+        shared = self.shared
+        for key in [k for k in keys if k in self.n and k in shared]:
+            del self.n[key]
+            self.s[key] = None
+
+    def add(self, key: BlockHash) -> None:
+        gn = self.gn
+        others = len(self.gu) + len(self.gs)
+        if key in gn:
+            del gn[key]
+            self.q = min(float(self.capacity), self.q + max(1.0, others / (len(gn) + 1)))
+        elif key in self.gu or key in self.gs:
+            self.q = max(0.0, self.q - max(1.0, len(gn) / (others + 1)))
+        if self.novel and key not in self.shared:
+            self.n[key] = None
+            self.clock += 1
+            self.stamp[key] = self.clock
+            return
+        super().add(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self.n:
+            if reused and self.MOVE:
+                del self.n[key]
+                self.u[key] = None
+            else:
+                self.n.move_to_end(key)
+            self.clock += 1
+            self.stamp[key] = self.clock
+        else:
+            super().touch(key, reused)
+
+    def remove(self, key: BlockHash) -> None:
+        self.n.pop(key, None)
+        super().remove(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        over = int(len(self.n) - self.q)
+        first: list[BlockHash] = []
+        if over > 0:
+            free = (k for k in self.n if not is_held(k) and k not in protected)
+            first = list(islice(free, min(n, over)))
+        rest = n - len(first)
+        if not rest:
+            return first
+        skip = set(first)
+        more = (k for k in self.n if k not in skip and not is_held(k) and k not in protected)
+        mine = list(islice(more, rest))
+        theirs: list[BlockHash] | None = None
+        if len(self.u) + len(self.s):
+            theirs = super().choose_victims(rest, is_held, protected, incoming)
+        if theirs is None:
+            return first + mine if len(mine) == rest else None
+        if not self.MERGE:
+            return first + theirs
+        # under its target, N competes with the others by last use
+        stamp = self.stamp
+        merged = sorted(mine + theirs, key=stamp.__getitem__)[:rest]
+        return first + merged
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        rest = []
+        for key in victims:
+            if key in self.n:
+                del self.n[key]
+                self.stamp.pop(key, None)
+                self.gn[key] = None
+                if len(self.gn) > self.capacity:
+                    self.gn.popitem(last=False)
+            else:
+                rest.append(key)
+        if rest:
+            super().evict(rest)
+
+
 PROTOTYPES: dict[str, type[EvictionPolicy]] = {
+    "nbranch": NovelBranch,
     "branch": BranchLRU,
     "over": BranchOver,
     "abranch": AdaptiveBranch,
