@@ -305,7 +305,8 @@ class NovelBranch(AdaptiveBranch):
     other two lists lowers it. A reuse moves an N block to the unshared list."""
 
     name = "nbranch"
-    PARAMS = ("SHARE", "KIDS", "QSHARE", "MOVE", "MERGE")
+    PARAMS = ("SHARE", "KIDS", "QSHARE", "MOVE", "MERGE", "PGN")
+    PGN = 0  # 1: a re-stored ghost of N also lowers the shared list's target p
     QSHARE = 0.0
     MOVE = 1  # 0: a reuse keeps an N block in N (made the most recent there)
     MERGE = 0  # 1: under its target, N's coldest compete with the others' victims by last use
@@ -340,6 +341,8 @@ class NovelBranch(AdaptiveBranch):
         if key in gn:
             del gn[key]
             self.q = min(float(self.capacity), self.q + max(1.0, others / (len(gn) + 1)))
+            if self.PGN:
+                self.p = max(0.0, self.p - max(1.0, len(self.gs) / (len(self.gu) + len(gn) + 1)))
         elif key in self.gu or key in self.gs:
             self.q = max(0.0, self.q - max(1.0, len(gn) / (others + 1)))
         if self.novel and key not in self.shared:
