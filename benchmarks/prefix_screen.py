@@ -7,10 +7,14 @@ workloads and capacities of ``policy_cells.py``. Prints per workload the hit blo
 minus max(lru, arc) and minus the shipped ``leader``'s (both read from the JSON, which
 must come from a cell run of the same lru/arc code). Run from the repository root::
 
-    PYTHONPATH=src nice python benchmarks/prefix_screen.py branch_0.25 [CELLS_JSON] \
-        [--only synthetic,chat_seed1]
+    PYTHONPATH=src nice python benchmarks/prefix_screen.py abranch_0.5_3_0 [CELLS_JSON] \
+        [--only=synthetic,chat_seed1]
 
-Prototypes (``<name>_<x>``, ``x`` a parameter):
+``CELLS_JSON`` (default ``benchmarks/results/policy_cells.json``): the cell run to
+compare with, e.g. ``policy-cells-leader-seeds45-20261123T2019Z.json`` for the held-out
+seeds 4 and 5. Prototypes, ``<name>_<p1>_<p2>...`` (the parameters in the order of the
+class's ``PARAMS``; those left out keep their defaults). They keep what they learn of
+the prefix structure for every key ever looked up (unbounded: a screen, not a policy):
 
 * ``branch_<f>``: LRU with the blocks of *shared* prefixes protected up to a share
   ``f`` of the tier. A key is shared once two requests have shown it two different
@@ -19,7 +23,20 @@ Prototypes (``<name>_<x>``, ``x`` a parameter):
   history (each of its keys has one next key). Victims come from the unshared LRU
   list first, from the shared one while it holds more than ``f`` of the tier (or
   when the unshared list has nothing evictable): over its share, the older of the two
-  lists' coldest blocks goes (LRU between them).
+  lists' coldest blocks goes (LRU between them). ``branch_<f>_<k>``: a key is a
+  branching point once it has shown ``k`` different next keys.
+* ``over_<inner>_<f>_<k>``: the shared list beside a real ``inner`` policy (lru, arc,
+  slru) holding the other blocks; over its share the shared list's coldest go first.
+* ``abranch_<f>_<k>_<reuse>_<ghost>``: ``branch`` whose share is a target adapted as
+  ARC adapts T1's, from ghosts of the two lists (``f``: its start); ``reuse`` = 1 also
+  moves a reused block to the shared list, ``ghost`` = 1 a re-stored ghost.
+* ``nbranch_<f>_<k>_<q>_<move>_<merge>_<pgn>``: ``abranch`` plus a probation list N
+  for the blocks stored by requests whose first key was never looked up before (a new
+  root), evicted first while over an ARC-style target (``q``: its start, a share);
+  ``move`` = 1: a reuse takes a block out of N; ``merge`` = 1: under the target N
+  competes with the others by last use; ``pgn`` = 1: N's ghosts also lower ``f``.
+* ``lead_<a>.<b>...``: the shipped ``leader`` with these shadows (registered names or
+  prototypes; the shadows are shown each lookup through ``observe``).
 """
 
 from __future__ import annotations
@@ -214,8 +231,8 @@ class BranchOver(EvictionPolicy):
             inner = self.inner.choose_victims(rest, is_held, protected, incoming)
             if inner is None:  # the inner list has too few: more from the protected one
                 have = len(self.resident) - len(self.s)
-                inner = self.inner.choose_victims(have, is_held, protected, incoming) if have else []
-                inner = inner or []
+                some = self.inner.choose_victims(have, is_held, protected, incoming)
+                inner = (some or []) if have else []
                 take = n - len(inner)
                 if take > len(free):
                     return None
@@ -327,9 +344,6 @@ class NovelBranch(AdaptiveBranch):
         if keys:
             self.roots.add(keys[0])
         super().observe(keys)
-        for key in keys:
-            if key in self.s and key in self.n:  # pragma: no cover - moved below
-                pass
         shared = self.shared
         for key in [k for k in keys if k in self.n and k in shared]:
             del self.n[key]
