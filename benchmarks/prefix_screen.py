@@ -8,7 +8,7 @@ minus max(lru, arc) and minus the shipped ``leader``'s (both read from the JSON,
 must come from a cell run of the same lru/arc code). Run from the repository root::
 
     PYTHONPATH=src nice python benchmarks/prefix_screen.py abranch_0.5_3_0 [CELLS_JSON] \
-        [--only=synthetic,chat_seed1]
+        [--only=synthetic,chat_seed1] [--out=benchmarks/results/prefix-screen-....json]
 
 ``CELLS_JSON`` (default ``benchmarks/results/policy_cells.json``): the cell run to
 compare with, e.g. ``policy-cells-leader-seeds45-20261123T2019Z.json`` for the held-out
@@ -54,6 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import policy_cells as pc
 
+from kvtier.bench.report import git_commit, machine_info
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import POLICIES
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -322,7 +323,8 @@ class NovelBranch(AdaptiveBranch):
     other two lists lowers it. A reuse moves an N block to the unshared list."""
 
     name = "nbranch"
-    PARAMS = ("SHARE", "KIDS", "QSHARE", "MOVE", "MERGE", "PGN")
+    PARAMS = ("SHARE", "KIDS", "QSHARE", "MOVE", "MERGE", "PGN", "CHAIN")
+    CHAIN = 0  # 1: a block whose parent (the key before it in the request) is in N joins N
     PGN = 0  # 1: a re-stored ghost of N also lowers the shared list's target p
     QSHARE = 0.0
     MOVE = 1  # 0: a reuse keeps an N block in N (made the most recent there)
@@ -335,12 +337,14 @@ class NovelBranch(AdaptiveBranch):
         self.q = self.QSHARE * capacity
         self.roots: set[BlockHash] = set()
         self.novel = False
+        self.parent: dict[BlockHash, BlockHash] = {}
 
     def __len__(self) -> int:
         return super().__len__() + len(self.n)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
         self.novel = bool(keys) and keys[0] not in self.roots
+        self.parent = dict(zip(keys[1:], keys, strict=False)) if self.CHAIN else {}
         if keys:
             self.roots.add(keys[0])
         super().observe(keys)
@@ -359,7 +363,7 @@ class NovelBranch(AdaptiveBranch):
                 self.p = max(0.0, self.p - max(1.0, len(self.gs) / (len(self.gu) + len(gn) + 1)))
         elif key in self.gu or key in self.gs:
             self.q = max(0.0, self.q - max(1.0, len(gn) / (others + 1)))
-        if self.novel and key not in self.shared:
+        if (self.novel or self.parent.get(key) in self.n) and key not in self.shared:
             self.n[key] = None
             self.clock += 1
             self.stamp[key] = self.clock
@@ -473,8 +477,9 @@ def _job(args: tuple[str, str]) -> tuple[str, list[int]]:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--only")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
+    out = [Path(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--out=")]
     variant = args[0]
     cells = args[1] if len(args) > 1 else "benchmarks/results/policy_cells.json"
     doc = json.loads(Path(cells).read_text())
@@ -504,6 +509,17 @@ def main() -> None:
         f"(vs leader {lead[0]}/{lead[1]}/{lead[2]}); "
         f"{time.perf_counter() - start:.0f} s, load average {load[0]:.2f}"
     )
+    if out:
+        doc = {
+            "benchmark": "prefix_screen",
+            "machine": machine_info(),
+            "commit": git_commit(),
+            "load_average": load,
+            "configuration": {"variant": variant, "cells": cells, "shares": pc.SHARES},
+            "hit_blocks": dict(results),
+            "summary": {"above": counts[0], "equal": counts[1], "below": counts[2]},
+        }
+        out[0].write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
