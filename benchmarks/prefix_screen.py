@@ -10,6 +10,10 @@ must come from a cell run of the same lru/arc code). Run from the repository roo
     PYTHONPATH=src nice python benchmarks/prefix_screen.py abranch_0.5_3_0 [CELLS_JSON] \
         [--only=synthetic,chat_seed1] [--out=benchmarks/results/prefix-screen-....json]
 
+``--cost``: instead, the paired per-block manager cost of the variant against ``lru``
+(``manager_pair_ab.measure``: 200,000 blocks, none pinned, 8 rounds); ``observe_4``
+is LRU plus the structure learning alone.
+
 ``CELLS_JSON`` (default ``benchmarks/results/policy_cells.json``): the cell run to
 compare with, e.g. ``policy-cells-leader-seeds45-20261123T2019Z.json`` for the held-out
 seeds 4 and 5. Prototypes, ``<name>_<p1>_<p2>...`` (the parameters in the order of the
@@ -58,6 +62,7 @@ from kvtier.bench.report import git_commit, machine_info
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import POLICIES
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.sim.replay import replay
 
 
@@ -431,7 +436,37 @@ class NovelBranch(AdaptiveBranch):
             super().evict(rest)
 
 
+class ObserveLRU(LRUPolicy):
+    """LRU plus the structure learning of ``branch``'s ``observe`` (next keys seen after
+    each key, branching points, first keys): its lookup cost, for ``--cost``."""
+
+    name = "observe"
+    PARAMS = ("KIDS",)
+    KIDS = 4
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.kids: dict[BlockHash, set[BlockHash]] = {}
+        self.shared: set[BlockHash] = set()
+        self.roots: set[BlockHash] = set()
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        if keys:
+            self.roots.add(keys[0])
+        kids, shared, need = self.kids, self.shared, self.KIDS
+        deepest = -1
+        for i in range(len(keys) - 1):
+            key = keys[i]
+            seen = kids.setdefault(key, set())
+            if len(seen) < need:
+                seen.add(keys[i + 1])
+            if len(seen) >= need or key in shared:
+                deepest = i
+        shared.update(keys[: deepest + 1])
+
+
 PROTOTYPES: dict[str, type[EvictionPolicy]] = {
+    "observe": ObserveLRU,
     "nbranch": NovelBranch,
     "branch": BranchLRU,
     "over": BranchOver,
@@ -481,6 +516,18 @@ def main() -> None:
     only = [a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--only=")]
     out = [Path(a.split("=", 1)[1]) for a in sys.argv[1:] if a.startswith("--out=")]
     variant = args[0]
+    if "--cost" in sys.argv:  # paired manager cost against lru (manager_pair_ab.py)
+        import manager_pair_ab
+
+        _register(variant)
+        for op, r in manager_pair_ab.measure(variant, "lru", 200_000, 0, 8).items():
+            assert isinstance(r, dict)
+            print(
+                f"{op:<12} {variant} {r[variant]:7.0f}  lru {r['lru']:7.0f} ns/block CPU, "
+                f"paired ratio {r['ratio']:.2f}"
+            )
+        print(f"load average {os.getloadavg()[0]:.2f}")
+        return
     cells = args[1] if len(args) > 1 else "benchmarks/results/policy_cells.json"
     doc = json.loads(Path(cells).read_text())
     rows = {row["workload"]: row for row in doc["rows"]}
