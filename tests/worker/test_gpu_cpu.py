@@ -201,6 +201,7 @@ def test_copy_that_raises_is_a_failed_job(monkeypatch) -> None:
         ((GPULoadStoreSpec((0,)), GPULoadStoreSpec((1,))), "needs"),
         ((GPULoadStoreSpec((0, 1, 2)), CPULoadStoreSpec((0,))), "expected"),
         ((GPULoadStoreSpec((99,)), CPULoadStoreSpec((0,))), "out of range"),
+        ((GPULoadStoreSpec((2**63,)), CPULoadStoreSpec((0,))), "too large"),  # past int64
         ((GPULoadStoreSpec((0,), skip_count=1), CPULoadStoreSpec((0,))), "skip_count"),
         ("not a spec", "invalid"),
     ],

@@ -110,6 +110,40 @@ def test_waiter_never_overtakes_the_job_the_worker_runs() -> None:
     lane.close()
 
 
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
+def test_close_returns_only_after_a_job_a_caller_runs() -> None:
+    # A caller that submits and waits at once runs the job itself (the woken worker
+    # thread cannot take the GIL first under a long switch interval); the worker thread
+    # then finds the queue empty, so close() must still wait for the caller's job.
+    lane, started, finished = ThreadLane("lane-under-test"), threading.Event(), threading.Event()
+    ran_by: list[str] = []
+
+    def slow() -> tuple[int, None]:
+        ran_by.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.2)
+        finished.set()
+        return 1, None
+
+    def submit_and_wait() -> None:
+        lane.submit(1, slow)
+        lane.wait([1])
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        caller = threading.Thread(target=submit_and_wait, name="caller")
+        caller.start()
+        assert started.wait(10)
+    finally:
+        sys.setswitchinterval(old)
+    lane.close()
+    assert ran_by == ["caller"]
+    assert finished.is_set()  # no job runs once close() has returned
+    caller.join()
+    assert [(r.job_id, r.success) for r in lane.poll()] == [(1, True)]
+
+
 class LaneMachine(RuleBasedStateMachine):
     """Submit, wait, poll and close in any order, against a list model."""
 

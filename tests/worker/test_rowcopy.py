@@ -252,6 +252,20 @@ def test_slab_rows_refuse_a_row_past_the_slab_and_copy_nothing(monkeypatch, path
     assert torch.equal(slab, before) and torch.equal(buffer, buffer_before)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("width", [63, 65])
+def test_slab_rows_refuse_a_buffer_of_another_page_width(monkeypatch, path, width) -> None:
+    _, slab = random_tensors([64], 1, 90, seed=6)
+    moved = slab_rows(monkeypatch, path, slab)
+    cpu = np.array([3, 7], dtype=np.int64)
+    buffer = torch.randint(0, 256, (2, width), dtype=torch.uint8)
+    before, buffer_before = slab.clone(), buffer.clone()
+    for move in (lambda: moved.scatter(buffer, cpu), lambda: moved.gather(cpu, buffer)):
+        with pytest.raises(TransferSpecError, match=rf"buffer rows of shape \({width},\)"):
+            move()
+    assert torch.equal(slab, before) and torch.equal(buffer, buffer_before)
+
+
 def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:
     native = require_native()
     src = [torch.zeros((4, 8), dtype=torch.uint8)]
@@ -259,6 +273,10 @@ def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:
     route = native.route(src, dst)
     with pytest.raises(TransferSpecError, match="row arrays differ"):
         route.copy(np.array([0, 1]), np.array([0]))
+    with pytest.raises(TransferSpecError, match="row arrays differ"):
+        route.copy(np.array(0), np.array(0))  # 0-d: not a list of rows
+    with pytest.raises(TransferSpecError, match=r"source row 9223372036854775808 out of range"):
+        route.copy(np.array([2**63], dtype=np.uint64), np.array([0]))
     with pytest.raises(TransferSpecError, match=r"source row 4 out of range 0\.\.3"):
         route.copy(np.array([4]), np.array([0]))
     assert torch.equal(dst[0], torch.ones((4, 8), dtype=torch.uint8))

@@ -67,7 +67,7 @@ class SingleDirectionHandler(OffloadingHandler):
         """Validate and submit; returns False (and reports the failure) when refused."""
         try:
             plan = self._plan(spec)
-        except (KvtierError, TypeError, ValueError) as exc:
+        except (KvtierError, TypeError, ValueError, OverflowError) as exc:  # Overflow: id > int64
             self._lane.submit(job_id, None, f"invalid transfer spec: {exc}")
             return False
         if self._shut:

@@ -158,6 +158,10 @@ class ThreadLane:
             self._work.notify()
             self._reported.notify_all()
         self._thread.join()
+        # a caller in ``wait`` may still run the last job (the worker thread found the
+        # queue empty and left): closing returns only once no job runs at all
+        with self._runner:
+            pass
 
 
 @dataclass(slots=True)

@@ -258,6 +258,11 @@ class SlabRows:
         n = len(cpu_rows)
         if int(buffer.shape[0]) != n:
             raise TransferSpecError(f"{n} slab rows for a buffer of {int(buffer.shape[0])}")
+        if buffer.dim() != 2 or int(buffer.shape[1]) != int(self._slab.shape[1]):
+            raise TransferSpecError(
+                f"buffer rows of shape {tuple(buffer.shape)[1:]} for slab pages of "
+                f"{int(self._slab.shape[1])} bytes"
+            )
         if self._native is not None:
             own = np.arange(n, dtype=np.int64)
             if to_slab:

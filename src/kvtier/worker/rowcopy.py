@@ -173,9 +173,9 @@ class RowRoute:
                 past its side's rows (checked, in C, before anything is copied).
         """
         src_rows, dst_rows = np.asarray(src_rows), np.asarray(dst_rows)
-        n = len(src_rows)
-        if dst_rows.ndim != 1 or src_rows.ndim != 1 or len(dst_rows) != n:
+        if dst_rows.ndim != 1 or src_rows.ndim != 1 or len(dst_rows) != len(src_rows):
             raise TransferSpecError(f"row arrays differ: {src_rows.shape} and {dst_rows.shape}")
+        n = len(src_rows)
         if n == 0:
             return
         if stream is None:
@@ -190,7 +190,7 @@ class RowRoute:
             side, rows, count = (
                 (0, src_rows, self.src_rows) if bad < n else (1, dst_rows, self.dst_rows)
             )
-            row = int(rows.astype(np.int64)[bad % n])
+            row = rows[bad % n]  # as given: a uint64 past int64 or a NaN is named as it is
             raise TransferSpecError(f"{self._names[side]} row {row} out of range 0..{count - 1}")
 
 
