@@ -83,6 +83,30 @@ def test_reader_reads_lines_and_values_across_any_split(step: int) -> None:
     sock.close()
 
 
+@pytest.mark.parametrize("step", [1, 3, 5, 4096])
+def test_take_if_consumes_only_what_matches_across_any_split(step: int) -> None:
+    """``take_if`` (the store path's all-``+OK`` check) consumes its bytes only when
+    the stream goes on with all of them; otherwise ``line`` reads from where it was.
+    It reads no further than it takes to know (the last reply is shorter than what
+    is asked, and then the peer closes)."""
+    ok = b"+OK\r\n"
+    sock, t = serve(ok * 3 + b"-OOM no room\r\n" + ok * 3 + b"-X\r\n", step)
+    reader = ReplyReader(sock, buffer_bytes=64)
+    assert not reader.take_if(ok * 4)  # the fourth reply is an error
+    assert reader.take_if(ok * 2)
+    assert reader.line() == b"+OK"
+    assert not reader.take_if(ok)
+    assert reader.line() == b"-OOM no room"
+    assert not reader.take_if(ok * 13)  # more than the read buffer: not tried
+    assert reader.take_if(ok * 3)
+    assert not reader.take_if(ok * 2)  # known at its first byte: no wait for more
+    assert reader.line() == b"-X"
+    with pytest.raises(RedisConnectionError):
+        reader.take_if(ok)  # the peer closed
+    t.join()
+    sock.close()
+
+
 def test_send_buffers_sends_every_byte_in_order_through_partial_sends() -> None:
     rng = np.random.default_rng(1)
     # More buffers than one sendmsg takes (IOV_MAX), some empty, and far more bytes

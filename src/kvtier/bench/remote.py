@@ -44,7 +44,8 @@ on load verifies the value in its CPU page: the ratio is the whole cost of the d
 ``redis-benchmark -d`` accepts values up to 1 GiB (it clamps larger ones), so every
 size here is compared as it is. Unless ``--url`` names a server, the benchmark starts
 its own ``redis-server`` on a free loopback port with no persistence and a
-``maxmemory`` of three times ``--total`` (room for kvtier's keys and redis-benchmark's;
+``maxmemory`` of three times the largest keyspace (room for kvtier's keys and
+redis-benchmark's;
 ``allkeys-lru``), and stops it at the end. The load average before and after the run
 goes into the JSON with the machine, the commit and the configuration.
 """
@@ -297,9 +298,15 @@ def measure_op(
     }
 
 
+def keyspace_values(size: int, total: int, args: argparse.Namespace) -> int:
+    """Distinct values (keys, CPU pages) at one size: ``total / size``, and at least
+    one job per thread in flight."""
+    return max(int(args.job_blocks) * int(args.io_threads), total // size)
+
+
 def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Store and load, kvtier and redis-benchmark, for one value size."""
-    count = max(args.job_blocks * args.io_threads, total // size)
+    count = keyspace_values(size, total, args)
     rng = np.random.default_rng(size)
     pages = torch.from_numpy(rng.integers(0, 256, (count, size), dtype=np.uint8))
     fingerprint = size.to_bytes(8, "big") * 4
@@ -340,7 +347,8 @@ def main(args: argparse.Namespace) -> int:
     out = check_output("--json", args.json or default_path("remote"))
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(local_server(3 * total + (64 << 20)))
+        largest = max(keyspace_values(s, total, args) * s for s in sizes)
+        url = args.url or stack.enter_context(local_server(3 * largest + (64 << 20)))
         rows = [r for s in sizes for r in measure_size(url, s, total, args)]
     load_after = os.getloadavg()
     print(
