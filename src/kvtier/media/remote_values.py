@@ -14,8 +14,9 @@ benchmark's setting, side by side (``docs/remote.md``).
 
 Reading, two paths, one outcome per key (``ReadOutcome``):
 
-* ``get_into_pages`` (single node): pipelined ``GET`` on one pooled connection, each
-  reply read by ``ReplyReader`` straight into its page, then verified in place;
+* ``get_into_pages`` (single node): pipelined ``GET`` on one connection, each reply
+  read by ``ReplyReader`` straight into its page, then verified in place (its header
+  compared with the one kvtier writes for those bytes; decoded only if it differs);
 * ``accept`` (cluster, where redis-py's cluster pipeline returns ``bytes``): verify a
   fetched value, then copy its payload into the page.
 
@@ -164,6 +165,12 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
         reader.read_into(part)
     if crlf != b"\r\n":
         raise RedisConnectionError("a bulk reply not ended by CRLF")
+    # The header kvtier writes for these payload bytes under this key and model: a
+    # stored header equal to it byte for byte is verified (magic, version, lengths,
+    # key, fingerprint, payload checksum and its own checksum all match) without
+    # decoding it; any other is decoded and checked field by field for the reason.
+    if header == block_format.encode_header(key, fingerprint, dest.data):
+        return ReadOutcome.HIT
     try:
         block_format.verify(header, dest.data, key=key, fingerprint=fingerprint)
     except IntegrityError as e:
