@@ -44,8 +44,8 @@ on load verifies the value in its CPU page: the ratio is the whole cost of the d
 ``redis-benchmark -d`` accepts values up to 1 GiB (it clamps larger ones), so every
 size here is compared as it is. Unless ``--url`` names a server, the benchmark starts
 its own ``redis-server`` on a free loopback port with no persistence and a
-``maxmemory`` of three times the largest keyspace (room for kvtier's keys and
-redis-benchmark's;
+``maxmemory`` of three times the largest keyspace and room for a full pipeline's
+replies on every connection (``server_memory``;
 ``allkeys-lru``), and stops it at the end. The load average before and after the run
 goes into the JSON with the machine, the commit and the configuration.
 """
@@ -304,6 +304,16 @@ def keyspace_values(size: int, total: int, args: argparse.Namespace) -> int:
     return max(int(args.job_blocks) * int(args.io_threads), total // size)
 
 
+def server_memory(sizes: list[int], total: int, args: argparse.Namespace) -> int:
+    """``maxmemory`` of the benchmark's own server: three times the largest keyspace
+    (kvtier's keys, redis-benchmark's, room to spare), and the replies a full pipeline
+    of the largest values holds on every connection of both (Redis counts its clients'
+    output buffers as used memory: without this room, 4 MiB loads evicted keys)."""
+    largest = max(keyspace_values(s, total, args) * s for s in sizes)
+    in_flight = 2 * int(args.io_threads) * int(args.job_blocks) * max(sizes)
+    return 3 * largest + in_flight + (64 << 20)
+
+
 def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Store and load, kvtier and redis-benchmark, for one value size."""
     count = keyspace_values(size, total, args)
@@ -314,6 +324,8 @@ def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> l
     store = RemoteStore.open(fingerprint, options)
     handlers = CpuRemoteOffloadingHandlers(pages, store, io_threads=args.io_threads)
     keys = [BlockHash(i.to_bytes(32, "big")) for i in range(count)]
+    with redis.Redis.from_url(url) as client:
+        evicted_before = int(client.info("stats")["evicted_keys"])
     try:
         stored = measure_op(
             url, "store", _Pass(handlers.cpu_to_remote_handler, keys, args.job_blocks), size, args
@@ -328,7 +340,8 @@ def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> l
     store.close()
     with redis.Redis.from_url(url) as client:  # room for the next size's keys
         client.delete(*(f"key:{i:012d}" for i in range(count)), "key:__rand_int__")
-    return [stored, loaded]
+        evicted = int(client.info("stats")["evicted_keys"]) - evicted_before
+    return [{**row, "server_evicted_keys": evicted} for row in (stored, loaded)]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -347,8 +360,7 @@ def main(args: argparse.Namespace) -> int:
     out = check_output("--json", args.json or default_path("remote"))
     load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
-        largest = max(keyspace_values(s, total, args) * s for s in sizes)
-        url = args.url or stack.enter_context(local_server(3 * largest + (64 << 20)))
+        url = args.url or stack.enter_context(local_server(server_memory(sizes, total, args)))
         rows = [r for s in sizes for r in measure_size(url, s, total, args)]
     load_after = os.getloadavg()
     print(

@@ -12,8 +12,9 @@ being copied: redis-py's own packers copy a large value two or three times (into
 The store's own data path (``kvtier.media.remote_values``) skips redis-py's pipeline
 altogether on a single node: it packs with ``ValuePacker``, writes a whole batch with
 ``send_buffers`` (one ``sendmsg`` per batch where the kernel takes it all) and reads
-the replies with ``ReplyReader``. redis-py's cluster client does not pass a packer
-through to its nodes, so on a cluster the value is joined into one ``bytes`` first.
+the replies with ``ReplyReader``, on a connection ``Connections.owned`` keeps between
+batches. redis-py's cluster client does not pass a packer through to its nodes, so on
+a cluster the value is joined into one ``bytes`` first.
 """
 
 from __future__ import annotations

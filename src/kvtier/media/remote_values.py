@@ -135,7 +135,7 @@ def _set_reply(line: bytes) -> ResponseError | None:
 def get_into_pages(
     conns: Connections, *, fingerprint: bytes, batch: list[tuple[bytes, bytes, np.ndarray]]
 ) -> list[ReadOutcome]:
-    """Pipelined GETs on one pooled connection, each value read into its page."""
+    """Pipelined GETs on one connection of ``conns``, each value read into its page."""
     with conns.owned() as conn:
         conn.send_packed_command(conn.pack_commands([("GET", name) for _, name, _ in batch]))
         reader = ReplyReader(conn._sock)  # see ReplyReader: we own the connection
