@@ -10,11 +10,12 @@ the same pipeline depth and the same number of connections.
 
 Passes are sized by time, not bytes: a 64 MiB pass lasts 25-60 ms, and the ratio of
 two such passes moved 0.46-0.83 between consecutive runs of the same code on a quiet
-machine. So each operation and size is first calibrated (one untimed pass of each
-contender over the keyspace), and every timed pass then moves ``rounds x values``
-values (the keyspace ``rounds`` times over; kvtier and redis-benchmark the same
-number), with ``rounds`` the least that makes the fastest contender's pass last
-``--seconds``. Passes alternate (kvtier, redis-benchmark ``-P <job-blocks>``,
+machine. So each operation and size is first calibrated (untimed passes of each
+contender: once over the keyspace, then for a tenth of ``--seconds``), and every timed
+pass then moves ``rounds x values`` values (the keyspace ``rounds`` times over; kvtier
+and redis-benchmark the same number), with ``rounds`` the least that makes the fastest
+contender's pass last ``--seconds`` at the calibration's rates. Passes alternate
+(kvtier, redis-benchmark ``-P <job-blocks>``,
 redis-benchmark ``-P 1``, kvtier, ...), ``--repeats`` of each; reported: the median
 GB/s (10^9 payload bytes per second) of each, their ratio, and the ratio of each
 repeat's kvtier pass to the redis-benchmark passes beside it (``ratio_runs``; their
@@ -260,9 +261,18 @@ def measure_op(
     def rb(values: int, pipeline: int, keys: int | None = count) -> float:
         return redis_benchmark(url, test, size, values, keys, pipeline, clients)
 
-    # calibration, untimed: one pass of each over the keyspace (also the warm-up)
-    calibration = [keyspace / timed(lambda: kvtier.run(store)), rb(count, depth), rb(count, 1)]
-    rounds = rounds_for(args.seconds, keyspace, calibration)
+    # calibration, untimed (also the warm-up): one pass of each over the keyspace,
+    # then passes of a tenth of the time asked, whose rates decide the rounds (one
+    # short pass underrates the contenders, and the timed passes came out too short)
+    rounds = 1
+    for seconds in (args.seconds / 10, args.seconds):
+        values = rounds * count
+        rates = [
+            rounds * keyspace / timed(lambda: kvtier.run(store, rounds)),  # noqa: B023
+            rb(values, depth),
+            rb(values, 1),
+        ]
+        rounds = rounds_for(seconds, keyspace, rates)
     values, nbytes = rounds * count, rounds * keyspace
     kv, deep, single = [], [], []
     for _ in range(args.repeats):
