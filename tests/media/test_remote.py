@@ -304,3 +304,24 @@ def test_batches_reuse_an_idle_connection_and_never_a_dead_one(server: RedisServ
         assert s.healthy and s.breaker.failures == 0
     finally:
         s.close()
+
+
+def test_a_forked_child_does_not_take_its_parents_idle_connections(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fork (another process id) a batch gets a connection of its own, never
+    the idle socket the parent shares with it."""
+    s = open_store(server, max_connections=4)
+    keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
+    try:
+        s.write_many(keys, data)
+        link = s._connect()
+        with link.owned() as conn:
+            parents = conn
+        parent_pid = os.getpid()
+        monkeypatch.setattr(os, "getpid", lambda: parent_pid + 1)
+        with link.owned() as conn:
+            assert conn is not parents
+        assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 2
+    finally:
+        s.close()

@@ -116,7 +116,9 @@ class Connections:
     per batch on one thread (its queue, its metrics hooks, a ``can_read`` poll) and
     more with four threads contending for its lock; ``owned`` takes an idle
     connection off a stack under a plain lock and checks it with one ``poll`` of
-    zero timeout. At most ``max_connections - 1`` idle connections are kept, so the
+    zero timeout. A forked child never takes its parent's idle connections (redis-py's
+    pool makes the same check). At most ``max_connections - 1`` idle connections are
+    kept, so the
     pool always has one left (or gets one back soon) for redis-py's own commands
     (``EXISTS``, ``DEL``, ``PING``), which take theirs from the pool.
 
@@ -130,6 +132,7 @@ class Connections:
         self._idle: list[Any] = []
         self._keep = max_connections - 1
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     @contextlib.contextmanager
     def owned(self) -> Iterator[Any]:
@@ -151,6 +154,8 @@ class Connections:
     def _take(self) -> Any:
         while True:
             with self._lock:
+                if self._pid != os.getpid():  # a forked child: the sockets are the parent's
+                    self._idle, self._pid = [], os.getpid()  # left alone, as redis-py does
                 conn = self._idle.pop() if self._idle else None
             if conn is None:
                 return self._pool.get_connection()
