@@ -14,7 +14,8 @@ machine. So each operation and size is first calibrated (untimed passes of each
 contender: once over the keyspace, then for a tenth of ``--seconds``), and every timed
 pass then moves ``rounds x values`` values (the keyspace ``rounds`` times over; kvtier
 and redis-benchmark the same number), with ``rounds`` the least that makes the fastest
-contender's pass last ``--seconds`` at the calibration's rates. Passes alternate
+contender's pass last ``--seconds`` at the calibration's rates (raised for the next
+repeat when a repeat's passes came out shorter). Passes alternate
 (kvtier, redis-benchmark ``-P <job-blocks>``,
 redis-benchmark ``-P 1``, kvtier, ...), ``--repeats`` of each; reported: the median
 GB/s (10^9 payload bytes per second) of each, their ratio, and the ratio of each
@@ -273,12 +274,17 @@ def measure_op(
             rb(values, 1),
         ]
         rounds = rounds_for(seconds, keyspace, rates)
-    values, nbytes = rounds * count, rounds * keyspace
-    kv, deep, single = [], [], []
+    kv, deep, single, rounds_runs, shortest = [], [], [], [], []
     for _ in range(args.repeats):
-        kv.append(nbytes / timed(lambda: kvtier.run(store, rounds)))
+        values, nbytes = rounds * count, rounds * keyspace
+        kv.append(nbytes / timed(lambda: kvtier.run(store, rounds)))  # noqa: B023
         deep.append(rb(values, depth))
         single.append(rb(values, 1))
+        rounds_runs.append(rounds)
+        shortest.append(nbytes / max(kv[-1], deep[-1], single[-1]))
+        # calibration still underrates the steady rates: the next repeat's passes (all
+        # three the same number of values) are made long enough at this repeat's
+        rounds = max(rounds, rounds_for(args.seconds, keyspace, [kv[-1], deep[-1], single[-1]]))
     one_key = max(rb(values, depth, None), rb(values, 1, None))
     pairs = [k / max(d, s) for k, d, s in zip(kv, deep, single, strict=True)]
     kv_med, deep_med, single_med = (statistics.median(x) for x in (kv, deep, single))
@@ -288,9 +294,8 @@ def measure_op(
         "op": op,
         "value_bytes": size,
         "values": count,
-        "rounds": rounds,
-        "values_per_pass": values,
-        "shortest_pass_s": round(nbytes / max(kv + deep + single), 3),
+        "rounds_runs": rounds_runs,
+        "shortest_pass_s_runs": [round(x, 3) for x in shortest],
         "kvtier_gbps": round(kv_med / 1e9, 3),
         "redis_benchmark_gbps": round(ref / 1e9, 3),
         "ratio": round(kv_med / ref, 3),
