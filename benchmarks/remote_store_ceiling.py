@@ -20,6 +20,8 @@ as many keys, with senders that do nothing but frame a ``SET`` and move bytes:
 * ``kvtier TxD``: ``RemoteStore.write_many`` on ``T`` threads (checksum, header, pool);
   ``kvtiernolowat TxD``: the same without ``SO_RCVLOWAT`` (``replies_awaited`` made a
   no-op: the store path before it);
+* ``kvtierload TxD``: ``RemoteStore.read_many_into`` of the same values on ``T``
+  threads (its ``ratio`` is still to redis-benchmark's ``SET``: read its CPU per GB);
 * ``rbPxC``: ``redis-benchmark -t set -P P -c C -r <values>``.
 
 Passes alternate, after one warm-up round; medians of GB/s and of client and server
@@ -196,11 +198,11 @@ def loop_pass(port: int, fr: list[list[Any]], c: int, d: int) -> None:
 
 
 def kvtier_pass(
-    url: str, count: int, size: int, t: int, d: int, lowat: bool = True
+    url: str, count: int, size: int, t: int, d: int, lowat: bool = True, load: bool = False
 ) -> Callable[[], None]:
     from kvtier.media import remote_values
     from kvtier.media.redis_client import RemoteOptions
-    from kvtier.media.remote import RemoteStore
+    from kvtier.media.remote import ReadOutcome, RemoteStore
 
     awaited = remote_values.replies_awaited
 
@@ -209,6 +211,15 @@ def kvtier_pass(
     )
     pages = np.random.default_rng(1).integers(0, 256, (count, size), dtype=np.uint8)
     keys = [i.to_bytes(32, "big") for i in range(count)]
+
+    if load:  # the values to read back, stored once
+        write_in_threads(store.write_many, keys, pages, t, d)
+
+        def read(batch: list[bytes], outs: list[np.ndarray]) -> None:
+            if not all(o is ReadOutcome.HIT for o in store.read_many_into(batch, outs)):
+                raise RuntimeError("a load missed")
+
+        return lambda: write_in_threads(read, keys, pages, t, d)
 
     def run() -> None:
         if not lowat:  # the store path before SO_RCVLOWAT
@@ -254,6 +265,8 @@ def main() -> None:
                 passes[s] = lambda t=t, d=d: loop_pass(port, fr, t, d)
             elif kind == "kvtiernolowat":
                 passes[s] = kvtier_pass(url, count, size, t, d, lowat=False)  # type: ignore[assignment]
+            elif kind == "kvtierload":
+                passes[s] = kvtier_pass(url, count, size, t, d, load=True)  # type: ignore[assignment]
             elif kind == "kvtier":
                 passes[s] = kvtier_pass(url, count, size, t, d)  # type: ignore[assignment]
             else:

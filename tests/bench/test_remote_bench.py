@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvtier.bench.remote import redis_benchmark
+import pytest
+
+from kvtier.bench.remote import fill_keyspace, redis_benchmark, rounds_for
 from kvtier.cli import main
 
 from ..redis_server import RedisServer, require_redis
@@ -14,37 +16,63 @@ from ..redis_server import RedisServer, require_redis
 def test_bench_remote_writes_its_json(tmp_path: Path) -> None:
     require_redis()
     out = tmp_path / "remote.json"
-    args = ["bench", "remote", "--sizes", "64KiB", "--total", "1MiB", "--repeats", "1"]
-    assert main([*args, "--job-blocks", "4", "--io-threads", "2", "--json", str(out)]) == 0
+    args = ["bench", "remote", "--sizes", "64KiB", "--total", "1MiB", "--repeats", "3"]
+    args += ["--seconds", "0.02", "--job-blocks", "4", "--io-threads", "2", "--json", str(out)]
+    assert main(args) == 0
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "remote"
+    assert doc["config"]["seconds_per_pass"] == 0.02
+    assert len(doc["config"]["load_average_before"]) == 3
     assert [(r["op"], r["value_bytes"]) for r in doc["results"]] == [
         ("store", 65536),
         ("load", 65536),
     ]
-    assert all(r["kvtier_gbps"] > 0 and r["redis_benchmark_gbps"] > 0 for r in doc["results"])
-    # the reference ran over as many keys as kvtier wrote, and over one key beside it
-    assert [r["redis_benchmark_keys"] for r in doc["results"]] == [16, 16]
     for r in doc["results"]:
+        assert r["kvtier_gbps"] > 0 and r["redis_benchmark_gbps"] > 0
+        # the reference ran over as many keys as kvtier wrote, and over one key beside it
+        assert r["redis_benchmark_keys"] == r["values"] == 16
+        assert len(r["rounds_runs"]) == len(r["shortest_pass_s_runs"]) == 3
+        assert r["rounds_runs"] == sorted(r["rounds_runs"]) and r["rounds_runs"][0] >= 1
+        # one ratio per repeat, each kvtier pass against the references beside it
+        runs = zip(
+            r["kvtier_gbps_runs"],
+            r["redis_benchmark_pipelined_gbps_runs"],
+            r["redis_benchmark_p1_gbps_runs"],
+            strict=True,
+        )
+        expected = [k / max(d, s) for k, d, s in runs]
+        assert len(r["ratio_runs"]) == 3
+        for got, want in zip(r["ratio_runs"], expected, strict=True):
+            assert got == pytest.approx(want, rel=0.01, abs=0.002)  # (both rounded)
+        spread = (max(r["ratio_runs"]) - min(r["ratio_runs"])) / sorted(r["ratio_runs"])[1]
+        assert r["ratio_spread"] == pytest.approx(spread, rel=0.01, abs=0.002)
         assert r["redis_benchmark_one_key_gbps"] > 0
         one_key = r["kvtier_gbps"] / r["redis_benchmark_one_key_gbps"]
         assert abs(r["ratio_one_key"] - one_key) <= 0.002 + 0.01 * one_key  # (both rounded)
+
+
+def test_rounds_make_the_fastest_pass_last_the_time_asked() -> None:
+    # 1 GB/s fastest over a 10 MB keyspace: 0.5 s is 50 passes over it
+    assert rounds_for(0.5, 10_000_000, [0.2e9, 1e9, 0.5e9]) == 50
+    assert rounds_for(0.5, 10_000_000, [1.01e9]) == 51  # never shorter than asked
+    assert rounds_for(0.001, 10_000_000, [1e9]) == 1  # at least once over the keys
 
 
 def test_the_reference_runs_over_the_keys_kvtier_writes(tmp_path: Path) -> None:
     """redis-benchmark's ``-r`` keyspace is filled before its GET pass: every GET hits."""
     server = RedisServer(tmp_path / "redis").start()
     try:
-        rates = redis_benchmark(server.url, 4096, 64, 4, 2, keyspace=True)
-        assert set(rates) == {"set", "get"} and min(rates.values()) > 0
+        assert redis_benchmark(server.url, "set", 4096, 128, 64, 4, 2) > 0
+        fill_keyspace(server.url, 4096, 64)
+        assert redis_benchmark(server.url, "get", 4096, 128, 64, 4, 2) > 0
         client = server.client()
         stats = client.info("stats")
         # 64 keys written (the fill names exactly redis-benchmark's keys), no GET missed
         assert client.dbsize() == 64
         assert sorted(client.keys("key:*")) == [b"key:%012d" % i for i in range(64)]
-        assert stats["keyspace_misses"] == 0 and stats["keyspace_hits"] == 64
+        assert stats["keyspace_misses"] == 0 and stats["keyspace_hits"] == 128
         client.flushall()
-        redis_benchmark(server.url, 4096, 64, 4, 2, keyspace=False)
+        redis_benchmark(server.url, "set", 4096, 64, None, 4, 2)
         assert client.keys("*") == [b"key:__rand_int__"]  # its default: one key
     finally:
         server.stop()

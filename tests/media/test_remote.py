@@ -282,3 +282,46 @@ def test_a_store_leaves_its_connection_ready_for_short_replies(server: RedisServ
         assert s.healthy
     finally:
         s.close()
+
+
+def test_batches_reuse_an_idle_connection_and_never_a_dead_one(server: RedisServer) -> None:
+    """Store and load batches keep their connection between batches (one connection
+    for a thread's batches); one the server closed while idle is replaced, not used:
+    the next batch succeeds and the store stays healthy."""
+    s = open_store(server, max_connections=4)
+    keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
+    try:
+        for _ in range(3):
+            s.write_many(keys, data)
+            assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 4
+        admin = server.client()
+        ours = [c for c in admin.client_list() if c["id"] != str(admin.client_id())]
+        assert len(ours) == 1
+        admin.client_kill_filter(_id=ours[0]["id"])  # closed by the server while idle
+        s.write_many(keys, data)
+        outcomes, outs = read_back(s, keys)
+        assert outcomes == [ReadOutcome.HIT] * 4 and np.array_equal(outs, np.stack(data))
+        assert s.healthy and s.breaker.failures == 0
+    finally:
+        s.close()
+
+
+def test_a_forked_child_does_not_take_its_parents_idle_connections(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a fork (another process id) a batch gets a connection of its own, never
+    the idle socket the parent shares with it."""
+    s = open_store(server, max_connections=4)
+    keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
+    try:
+        s.write_many(keys, data)
+        link = s._connect()
+        with link.owned() as conn:
+            parents = conn
+        parent_pid = os.getpid()
+        monkeypatch.setattr(os, "getpid", lambda: parent_pid + 1)
+        with link.owned() as conn:
+            assert conn is not parents
+        assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 2
+    finally:
+        s.close()

@@ -64,12 +64,22 @@ def serve(data: bytes, step: int) -> tuple[socket.socket, threading.Thread]:
     return a, t
 
 
+class RecvOnly:
+    """A socket that reads into one buffer at a time (as a TLS socket does)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.recv_into = sock.recv_into
+
+
+@pytest.mark.parametrize("scatter", [True, False])
 @pytest.mark.parametrize("step", [1, 7, 4096, 1 << 20])
-def test_reader_reads_lines_and_values_across_any_split(step: int) -> None:
+def test_reader_reads_lines_and_values_across_any_split(step: int, scatter: bool) -> None:
+    """A value larger than the read buffer is read straight into its buffer, and
+    (``recvmsg_into``) what follows it on into the read buffer in the same call."""
     payload = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8).tobytes()
     data = b"$-1\r\n_\r\n-WRONGTYPE x\r\n$%d\r\n%s\r\n$3\r\nabc\r\n" % (len(payload), payload)
     sock, t = serve(data, step)
-    reader = ReplyReader(sock, buffer_bytes=64)
+    reader = ReplyReader(sock if scatter else RecvOnly(sock), buffer_bytes=64)
     assert [reader.line() for _ in range(4)] == [b"$-1", b"_", b"-WRONGTYPE x", b"$200000"]
     out = bytearray(len(payload))
     reader.read_into(memoryview(out))
@@ -81,6 +91,90 @@ def test_reader_reads_lines_and_values_across_any_split(step: int) -> None:
         reader.line()  # the peer closed
     t.join()
     sock.close()
+
+
+@pytest.mark.parametrize("step", [1, 3, 5, 4096])
+def test_take_if_consumes_only_what_matches_across_any_split(step: int) -> None:
+    """``take_if`` (the store path's all-``+OK`` check) consumes its bytes only when
+    the stream goes on with all of them; otherwise ``line`` reads from where it was.
+    It reads no further than it takes to know (the last reply is shorter than what
+    is asked, and then the peer closes)."""
+    ok = b"+OK\r\n"
+    sock, t = serve(ok * 3 + b"-OOM no room\r\n" + ok * 3 + b"-X\r\n", step)
+    reader = ReplyReader(sock, buffer_bytes=64)
+    assert not reader.take_if(ok * 4)  # the fourth reply is an error
+    assert reader.take_if(ok * 2)
+    assert reader.line() == b"+OK"
+    assert not reader.take_if(ok)
+    assert reader.line() == b"-OOM no room"
+    assert not reader.take_if(ok * 13)  # more than the read buffer: not tried
+    assert reader.take_if(ok * 3)
+    assert not reader.take_if(ok * 2)  # known at its first byte: no wait for more
+    assert reader.line() == b"-X"
+    with pytest.raises(RedisConnectionError):
+        reader.take_if(ok)  # the peer closed
+    t.join()
+    sock.close()
+
+
+class CountingRecvOnly:
+    """A socket that counts its reads, each into one buffer (as a TLS socket)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.reads = sock, 0
+
+    def recv_into(self, view: memoryview) -> int:
+        self.reads += 1
+        return self.sock.recv_into(view)
+
+
+class Counting(CountingRecvOnly):
+    """A socket that counts its reads, and scatters them (``recvmsg_into``)."""
+
+    def recvmsg_into(self, views: list[memoryview]) -> tuple[int, list, int, object]:
+        self.reads += 1
+        return self.sock.recvmsg_into(views)
+
+
+@pytest.mark.parametrize("kind", [Counting, CountingRecvOnly])
+def test_a_value_that_ends_where_a_read_ends_leaves_no_stale_bytes(kind: type) -> None:
+    """The value's last bytes arrive alone (the peer pauses after them): the next
+    reply is read from the stream, not from what the read buffer held before; its
+    CRLF and the next line come in one read."""
+    payload = bytes(range(256)) * 40
+    a, b = socket.socketpair()
+    b.sendall(b"$%d\r\n" % len(payload) + payload)
+    sock = kind(a)
+    reader = ReplyReader(sock, buffer_bytes=64)
+    assert reader.line() == b"$%d" % len(payload)
+    out = bytearray(len(payload))
+    reader.read_into(memoryview(out))
+    assert out == payload
+    b.sendall(b"\r\n$2\r\nok\r\n")
+    b.close()
+    crlf = bytearray(2)
+    reads = sock.reads
+    reader.read_into(memoryview(crlf))
+    assert crlf == b"\r\n" and reader.line() == b"$2"
+    assert sock.reads == reads + 1
+    a.close()
+
+
+def test_small_reads_go_through_the_read_buffer() -> None:
+    """Lines, headers and CRLFs of replies that are all in come from one read."""
+    a, b = socket.socketpair()
+    b.sendall(b"$5\r\nhello\r\n" * 4)
+    sock = Counting(a)
+    reader = ReplyReader(sock, buffer_bytes=4096)
+    for _ in range(4):
+        value, crlf = bytearray(5), bytearray(2)
+        assert reader.line() == b"$5"
+        reader.read_into(memoryview(value))
+        reader.read_into(memoryview(crlf))
+        assert value == b"hello" and crlf == b"\r\n"
+    assert sock.reads == 1
+    a.close()
+    b.close()
 
 
 def test_send_buffers_sends_every_byte_in_order_through_partial_sends() -> None:

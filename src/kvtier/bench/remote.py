@@ -1,27 +1,43 @@
 """``kvtier bench remote``: store and load GB/s of the remote tier against ``redis-benchmark``.
 
-For each value size, ``--total`` bytes are stored as that many blocks through the
+For each value size, ``--total`` bytes of distinct values (``values = total / size``
+keys and CPU pages, at least ``--io-threads x --job-blocks``) are stored through the
 CPU->remote handler (``--io-threads`` jobs in flight, each one pipelined batch of
 ``--job-blocks`` values) and loaded back through the remote->CPU handler. In the same
-run, against the same server, ``redis-benchmark -t set,get -d <size> -P <job-blocks>
--c <io-threads> -n <blocks>`` moves the same number of values of the same size with
-the same pipeline depth and the same number of connections. Passes alternate (kvtier,
-redis-benchmark, kvtier, ...) after one warm-up each; reported: median GB/s (10^9
-payload bytes per second) and the ratio of kvtier to redis-benchmark.
+run, against the same server, ``redis-benchmark -t set|get -d <size> -P <job-blocks>
+-c <io-threads> -r <values>`` moves values of the same size over as many keys, with
+the same pipeline depth and the same number of connections.
 
-redis-benchmark is also run with ``-P 1``, and the ratio is taken against the faster
-of its two runs: its own client slows down with deep pipelines of large values (on the
-development VM, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ratio
+Passes are sized by time, not bytes: a 64 MiB pass lasts 25-60 ms, and the ratio of
+two such passes moved 0.46-0.83 between consecutive runs of the same code on a quiet
+machine. So each operation and size is first calibrated (untimed passes of each
+contender: once over the keyspace, then for a tenth of ``--seconds``), and every timed
+pass then moves ``rounds x values`` values (the keyspace ``rounds`` times over; kvtier
+and redis-benchmark the same number), with ``rounds`` the least that makes the fastest
+contender's pass last ``--seconds`` at the calibration's rates (raised for the next
+repeat when a repeat's passes came out shorter). Passes alternate
+(kvtier, redis-benchmark ``-P <job-blocks>``,
+redis-benchmark ``-P 1``, kvtier, ...), ``--repeats`` of each; reported: the median
+GB/s (10^9 payload bytes per second) of each, their ratio, and the ratio of each
+repeat's kvtier pass to the redis-benchmark passes beside it (``ratio_runs``; their
+``ratio_spread`` is (max - min) / median). kvtier's pass is timed from its first job
+submitted to its last finished, redis-benchmark's by its own clock (its start-up and
+connecting not counted, which can only favour it).
+
+redis-benchmark is run at ``-P <job-blocks>`` and at ``-P 1``, and the ratio is taken
+against the faster: its own client slows down with deep pipelines of large values (on
+the development VM, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ratio
 against a handicapped reference would flatter kvtier.
 
-The same keys: kvtier stores every block under its own key, so redis-benchmark is run
-over a keyspace of as many keys as kvtier writes (``-r <values>``; before its ``GET``
-pass every one of those keys is written, so each ``GET`` finds a value as kvtier's
-do). Its default, one key overwritten again and again, keeps a single value hot in the
-server's allocator and caches: on the development VM under some load it stored 256 KiB
-values 1.4-2.5x faster than the same run over 1,024 keys (on a quiet one, as fast).
-That figure is still measured and recorded (``redis_benchmark_one_key_gbps``,
-``ratio_one_key``); the ratio the aim is judged by is against the same keyspace.
+The same keys: kvtier stores every block under its own key, so redis-benchmark runs
+over a keyspace of as many keys (``-r <values>``; before the ``GET`` passes every one
+of those keys is written, so each ``GET`` finds a value as kvtier's do). Its default,
+one key overwritten again and again, keeps a single value hot in the server's
+allocator and caches: on the development VM under some load it stored 256 KiB values
+1.4-2.5x faster than over 1,024 keys (on a quiet one, as fast). That figure is still
+measured, once per operation and size after the timed passes
+(``redis_benchmark_one_key_gbps``, ``ratio_one_key``); the aim is judged against the
+same keyspace.
 
 What the ratio holds: redis-benchmark sends the same constant bytes and discards what
 it reads. kvtier also checksums every value (XXH3-64), adds its ~104-byte header, and
@@ -30,8 +46,10 @@ on load verifies the value in its CPU page: the ratio is the whole cost of the d
 ``redis-benchmark -d`` accepts values up to 1 GiB (it clamps larger ones), so every
 size here is compared as it is. Unless ``--url`` names a server, the benchmark starts
 its own ``redis-server`` on a free loopback port with no persistence and a
-``maxmemory`` of three times ``--total`` (room for kvtier's keys and redis-benchmark's;
-``allkeys-lru``), and stops it at the end.
+``maxmemory`` of three times the largest keyspace and room for a full pipeline's
+replies on every connection (``server_memory``;
+``allkeys-lru``), and stops it at the end. The load average before and after the run
+goes into the JSON with the machine, the commit and the configuration.
 """
 
 from __future__ import annotations
@@ -40,6 +58,8 @@ import argparse
 import contextlib
 import csv
 import io
+import math
+import os
 import shutil
 import socket
 import statistics
@@ -79,9 +99,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="256KiB,1MiB,4MiB",
         help="value sizes, comma separated",
     )
-    parser.add_argument("--total", type=options.size, default="256MiB", help="bytes moved per pass")
     parser.add_argument(
-        "--repeats", type=options.positive, default=5, help="timed passes per measurement"
+        "--total",
+        type=options.size,
+        default="64MiB",
+        help="bytes of distinct values (keys and CPU pages) per value size",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=_seconds,
+        default=0.5,
+        help="least duration of each timed pass (passes go over the keys that many times)",
+    )
+    parser.add_argument(
+        "--repeats", type=options.positive, default=5, help="timed passes of each contender"
     )
     parser.add_argument(
         "--io-threads", type=options.positive, default=4, help="jobs (connections) in flight"
@@ -90,6 +121,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--job-blocks", type=options.positive, default=8, help="values per job (pipeline depth)"
     )
     add_json_option(parser, "remote")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 60 s, got {text!r}")
+    return value
 
 
 def check_server(url: str) -> None:
@@ -139,33 +180,29 @@ def local_server(maxmemory: int) -> Iterator[str]:
 
 
 def redis_benchmark(
-    url: str, size: int, count: int, pipeline: int, clients: int, *, keyspace: bool
-) -> dict[str, float]:
-    """One ``redis-benchmark`` pass of ``SET`` then ``GET``; payload bytes per second of each.
+    url: str, test: str, size: int, values: int, keys: int | None, pipeline: int, clients: int
+) -> float:
+    """One ``redis-benchmark -t <test>`` pass of ``values`` values; payload bytes per
+    second by its own clock (its start-up and connecting not counted).
 
-    ``keyspace``: over ``count`` keys (``-r count``), all of them written before the
-    ``GET`` pass; otherwise redis-benchmark's one key.
+    ``keys``: over that many keys (``-r keys``; fill them with ``fill_keyspace`` before
+    a ``get`` pass); ``None``: redis-benchmark's one key.
     """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 6379
-    cmd = ["redis-benchmark", "-h", host, "-p", str(port), "-d", str(size)]
-    cmd += ["-P", str(pipeline), "-c", str(clients), "-n", str(count), "--csv"]
-    if keyspace:
-        cmd += ["-r", str(count)]
-    rates = {}
-    for test in ("set", "get"):
-        if test == "get" and keyspace:
-            _fill_keyspace(host, port, size, count)
-        out = subprocess.run([*cmd, "-t", test], capture_output=True, text=True, check=True)
-        rows = csv.DictReader(io.StringIO(out.stdout))
-        rates.update({r["test"].lower(): float(r["rps"]) * size for r in rows})
-    return rates
+    cmd = ["redis-benchmark", "-h", host, "-p", str(port), "-d", str(size), "-t", test]
+    cmd += ["-P", str(pipeline), "-c", str(clients), "-n", str(values), "--csv"]
+    if keys is not None:
+        cmd += ["-r", str(keys)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    (row,) = csv.DictReader(io.StringIO(out.stdout))
+    return float(row["rps"]) * size
 
 
-def _fill_keyspace(host: str, port: int, size: int, count: int) -> None:
+def fill_keyspace(url: str, size: int, count: int) -> None:
     """Write every key redis-benchmark's ``-r count`` can name (``key:%012d``)."""
     value = bytes(size)
-    with redis.Redis(host=host, port=port, socket_timeout=60) as client:
+    with redis.Redis.from_url(url, socket_timeout=60) as client:
         for start in range(0, count, 16):
             pipe = client.pipeline(transaction=False)
             for i in range(start, min(start + 16, count)):
@@ -174,49 +211,129 @@ def _fill_keyspace(host: str, port: int, size: int, count: int) -> None:
 
 
 class _Pass:
-    """Stores or loads ``count`` blocks through one handler, in jobs, and waits."""
+    """Stores or loads the keyspace ``rounds`` times through one handler, in jobs of
+    ``job_blocks`` values, and waits for the last."""
 
     def __init__(self, handler: OffloadingHandler, keys: list[BlockHash], job_blocks: int) -> None:
         self.handler, self.keys, self.job_blocks = handler, keys, job_blocks
         self.job = 0
 
-    def run(self, store: bool) -> None:
+    def run(self, store: bool, rounds: int = 1) -> None:
         jobs = []
-        for start in range(0, len(self.keys), self.job_blocks):
-            ids = tuple(
-                BlockId(i) for i in range(start, min(start + self.job_blocks, len(self.keys)))
-            )
-            cpu = CPULoadStoreSpec(ids)
-            remote = RemoteLoadStoreSpec(ids, tuple(self.keys[i] for i in ids))
-            self.job += 1
-            self.handler.transfer_async(self.job, (cpu, remote) if store else (remote, cpu))
-            jobs.append(self.job)
+        for _ in range(rounds):
+            for start in range(0, len(self.keys), self.job_blocks):
+                ids = tuple(
+                    BlockId(i) for i in range(start, min(start + self.job_blocks, len(self.keys)))
+                )
+                cpu = CPULoadStoreSpec(ids)
+                remote = RemoteLoadStoreSpec(ids, tuple(self.keys[i] for i in ids))
+                self.job += 1
+                self.handler.transfer_async(self.job, (cpu, remote) if store else (remote, cpu))
+                jobs.append(self.job)
         self.handler.wait(jobs)
         failed = [r for r in self.handler.get_finished() if not r.success]
         if failed:
             raise RuntimeError(f"{len(failed)} jobs failed, first: {failed[0].error}")
 
 
-def alternate(
-    kvtier: Callable[[], object], other: Callable[[], object], repeats: int
-) -> tuple[list[float], list[Any]]:
-    """Seconds of each ``kvtier()`` and the results of each ``other()``, alternated,
-    after one untimed warm-up of each."""
-    times, others = [], []
-    for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        kvtier()
-        elapsed = time.perf_counter() - t0
-        result = other()
-        if i:
-            times.append(elapsed)
-            others.append(result)
-    return times, others
+def timed(run: Callable[[], object]) -> float:
+    """Seconds ``run()`` took."""
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def rounds_for(seconds: float, keyspace_bytes: int, rates: list[float]) -> int:
+    """Passes over the keyspace that make one timed pass of the fastest of ``rates``
+    (bytes per second) last at least ``seconds``."""
+    return max(1, math.ceil(seconds * max(rates) / keyspace_bytes))
+
+
+def measure_op(
+    url: str, op: str, kvtier: _Pass, size: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One operation (``store`` or ``load``) at one value size: calibrated, then
+    ``args.repeats`` alternating passes of kvtier and redis-benchmark at both depths."""
+    store = op == "store"
+    test = "set" if store else "get"
+    count, clients, depth = len(kvtier.keys), args.io_threads, args.job_blocks
+    keyspace = count * size
+
+    def rb(values: int, pipeline: int, keys: int | None = count) -> float:
+        return redis_benchmark(url, test, size, values, keys, pipeline, clients)
+
+    # calibration, untimed (also the warm-up): one pass of each over the keyspace,
+    # then passes of a tenth of the time asked, whose rates decide the rounds (one
+    # short pass underrates the contenders, and the timed passes came out too short)
+    rounds = 1
+    for seconds in (args.seconds / 10, args.seconds):
+        values = rounds * count
+        rates = [
+            rounds * keyspace / timed(lambda: kvtier.run(store, rounds)),  # noqa: B023
+            rb(values, depth),
+            rb(values, 1),
+        ]
+        rounds = rounds_for(seconds, keyspace, rates)
+    kv, deep, single, rounds_runs, shortest = [], [], [], [], []
+    for _ in range(args.repeats):
+        values, nbytes = rounds * count, rounds * keyspace
+        kv.append(nbytes / timed(lambda: kvtier.run(store, rounds)))  # noqa: B023
+        deep.append(rb(values, depth))
+        single.append(rb(values, 1))
+        rounds_runs.append(rounds)
+        shortest.append(nbytes / max(kv[-1], deep[-1], single[-1]))
+        # calibration still underrates the steady rates: the next repeat's passes (all
+        # three the same number of values) are made long enough at this repeat's
+        rounds = max(rounds, rounds_for(args.seconds, keyspace, [kv[-1], deep[-1], single[-1]]))
+    one_key = max(rb(values, depth, None), rb(values, 1, None))
+    pairs = [k / max(d, s) for k, d, s in zip(kv, deep, single, strict=True)]
+    kv_med, deep_med, single_med = (statistics.median(x) for x in (kv, deep, single))
+    ref = max(deep_med, single_med)
+    ratio_med = statistics.median(pairs)
+    return {
+        "op": op,
+        "value_bytes": size,
+        "values": count,
+        "rounds_runs": rounds_runs,
+        "shortest_pass_s_runs": [round(x, 3) for x in shortest],
+        "kvtier_gbps": round(kv_med / 1e9, 3),
+        "redis_benchmark_gbps": round(ref / 1e9, 3),
+        "ratio": round(kv_med / ref, 3),
+        "ratio_runs": [round(r, 3) for r in pairs],
+        "ratio_spread": round((max(pairs) - min(pairs)) / ratio_med, 3),
+        "redis_benchmark_test": test.upper(),
+        "kvtier_gbps_runs": [round(x / 1e9, 3) for x in kv],
+        "redis_benchmark_pipelined_gbps": round(deep_med / 1e9, 3),
+        "redis_benchmark_pipelined_gbps_runs": [round(x / 1e9, 3) for x in deep],
+        "redis_benchmark_p1_gbps": round(single_med / 1e9, 3),
+        "redis_benchmark_p1_gbps_runs": [round(x / 1e9, 3) for x in single],
+        "redis_benchmark_keys": count,
+        "redis_benchmark_one_key_gbps": round(one_key / 1e9, 3),
+        "ratio_one_key": round(kv_med / one_key, 3),
+    }
+
+
+def keyspace_values(size: int, total: int, args: argparse.Namespace) -> int:
+    """Distinct values (keys, CPU pages) at one size: ``total / size``, and at least
+    one job per thread in flight."""
+    return max(int(args.job_blocks) * int(args.io_threads), total // size)
+
+
+def server_memory(sizes: list[int], total: int, args: argparse.Namespace) -> int:
+    """``maxmemory`` of the benchmark's own server: three times the largest keyspace
+    (kvtier's keys, redis-benchmark's, room to spare), and the replies a full pipeline
+    of the largest values holds on every connection of both (Redis counts its clients'
+    output buffers as used memory). Before this room was added, three default runs
+    failed a timed load with a missed key, eviction by all signs; none has since, and
+    each size's evicted keys are recorded (``server_evicted_keys``)."""
+    largest = max(keyspace_values(s, total, args) * s for s in sizes)
+    in_flight = 2 * int(args.io_threads) * int(args.job_blocks) * max(sizes)
+    return 3 * largest + in_flight + (64 << 20)
 
 
 def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Store and load, kvtier and redis-benchmark, for one value size."""
-    count = max(args.job_blocks, total // size)
+    count = keyspace_values(size, total, args)
     rng = np.random.default_rng(size)
     pages = torch.from_numpy(rng.integers(0, 256, (count, size), dtype=np.uint8))
     fingerprint = size.to_bytes(8, "big") * 4
@@ -224,54 +341,24 @@ def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> l
     store = RemoteStore.open(fingerprint, options)
     handlers = CpuRemoteOffloadingHandlers(pages, store, io_threads=args.io_threads)
     keys = [BlockHash(i.to_bytes(32, "big")) for i in range(count)]
-
-    def rb() -> dict[str, float]:
-        runs = {}
-        for name, pipeline, keyspace in (
-            ("", args.job_blocks, True),
-            ("_p1", 1, True),
-            ("_one_key", args.job_blocks, False),
-            ("_one_key_p1", 1, False),
-        ):
-            got = redis_benchmark(url, size, count, pipeline, args.io_threads, keyspace=keyspace)
-            runs.update({f"{k}{name}": v for k, v in got.items()})
-        return runs
-
-    stores = _Pass(handlers.cpu_to_remote_handler, keys, args.job_blocks)
-    t_store, rb_runs = alternate(lambda: stores.run(store=True), rb, args.repeats)
-    loads = _Pass(handlers.remote_to_cpu_handler, keys, args.job_blocks)
-    t_load, rb_runs2 = alternate(lambda: loads.run(store=False), rb, args.repeats)
-    handlers.shutdown()
+    with redis.Redis.from_url(url) as client:
+        evicted_before = int(client.info("stats")["evicted_keys"])
+    try:
+        stored = measure_op(
+            url, "store", _Pass(handlers.cpu_to_remote_handler, keys, args.job_blocks), size, args
+        )
+        fill_keyspace(url, size, count)  # every GET of redis-benchmark finds its value
+        loaded = measure_op(
+            url, "load", _Pass(handlers.remote_to_cpu_handler, keys, args.job_blocks), size, args
+        )
+    finally:
+        handlers.shutdown()
     store.delete_many(keys)
     store.close()
-    nbytes = count * size
-    rows = []
-    for op, times, rb_key in (("store", t_store, "set"), ("load", t_load, "get")):
-        kv = nbytes / statistics.median(times) / 1e9
-
-        def median_gbps(name: str, rb_key: str = rb_key) -> float:
-            return float(statistics.median(r[f"{rb_key}{name}"] for r in rb_runs + rb_runs2)) / 1e9
-
-        deep, single = median_gbps(""), median_gbps("_p1")
-        ref = max(deep, single)
-        one_key = max(median_gbps("_one_key"), median_gbps("_one_key_p1"))
-        rows.append(
-            {
-                "op": op,
-                "value_bytes": size,
-                "values": count,
-                "kvtier_gbps": round(kv, 3),
-                "redis_benchmark_gbps": round(ref, 3),
-                "ratio": round(kv / ref, 3),
-                "redis_benchmark_test": rb_key.upper(),
-                "redis_benchmark_pipelined_gbps": round(deep, 3),
-                "redis_benchmark_p1_gbps": round(single, 3),
-                "redis_benchmark_keys": count,
-                "redis_benchmark_one_key_gbps": round(one_key, 3),
-                "ratio_one_key": round(kv / one_key, 3),
-            }
-        )
-    return rows
+    with redis.Redis.from_url(url) as client:  # room for the next size's keys
+        client.delete(*(f"key:{i:012d}" for i in range(count)), "key:__rand_int__")
+        evicted = int(client.info("stats")["evicted_keys"]) - evicted_before
+    return [{**row, "server_evicted_keys": evicted} for row in (stored, loaded)]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -288,36 +375,43 @@ def main(args: argparse.Namespace) -> int:
     if args.url is not None:
         check_server(args.url)
     out = check_output("--json", args.json or default_path("remote"))
+    load_before = os.getloadavg()
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(local_server(3 * total + (64 << 20)))
+        url = args.url or stack.enter_context(local_server(server_memory(sizes, total, args)))
         rows = [r for s in sizes for r in measure_size(url, s, total, args)]
+    load_after = os.getloadavg()
     print(
         f"{'op':6} {'value':>8} {'kvtier':>8} {'rb -P N':>8} {'rb -P 1':>8} {'ratio':>6}"
-        f" {'rb 1 key':>9} {'ratio':>6}  (GB/s; rb over the same keys, then over one key)"
+        f" {'runs':>11} {'rb 1 key':>9} {'ratio':>6}"
+        "  (GB/s, medians; ratio runs min-max; rb over the same keys, then over one key)"
     )
     for r in rows:
         print(
             f"{r['op']:6} {r['value_bytes'] // 1024:>6}Ki {r['kvtier_gbps']:>8.3f} "
             f"{r['redis_benchmark_pipelined_gbps']:>8.3f} {r['redis_benchmark_p1_gbps']:>8.3f} "
-            f"{r['ratio']:>6.2f} {r['redis_benchmark_one_key_gbps']:>9.3f} "
-            f"{r['ratio_one_key']:>6.2f}"
+            f"{r['ratio']:>6.2f} {min(r['ratio_runs']):>5.2f}-{max(r['ratio_runs']):<5.2f} "
+            f"{r['redis_benchmark_one_key_gbps']:>9.3f} {r['ratio_one_key']:>6.2f}"
         )
     config = {
         "url": args.url or "local redis-server (started by the benchmark)",
         "redis_server": _server_version(),
         "hiredis": redis.utils.HIREDIS_AVAILABLE,
         "sizes": sizes,
-        "total_bytes_per_pass": total,
+        "total_bytes_per_size": total,
+        "seconds_per_pass": args.seconds,
         "repeats": args.repeats,
         "io_threads": args.io_threads,
         "job_blocks": args.job_blocks,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
         "checksum": checksum_vs_copy(sizes),
     }
     path = write_result("remote", config, rows, out)
     worst = min(rows, key=lambda r: r["ratio"])
     print(
         f"remote: worst ratio to redis-benchmark {worst['ratio']:.2f} ({worst['op']} "
-        f"{worst['value_bytes'] // 1024} KiB); wrote {path}"
+        f"{worst['value_bytes'] // 1024} KiB); load average {load_before[0]:.2f} -> "
+        f"{load_after[0]:.2f}; wrote {path}"
     )
     return 0
 

@@ -38,7 +38,7 @@ from kvtier.errors import TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike
 from kvtier.media.circuit_breaker import CircuitBreaker, Health
-from kvtier.media.redis_client import BlockValue, RemoteOptions, make_client
+from kvtier.media.redis_client import BlockValue, Connections, RemoteOptions, make_client
 from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages, set_from_pages
 
 __all__ = ["LAYOUT_VERSION", "ReadOutcome", "RemoteOptions", "RemoteStore"]
@@ -79,7 +79,7 @@ class RemoteStore:
         self.breaker = breaker
         self._prefix = f"kvtier:v{LAYOUT_VERSION}:{fingerprint.hex()}:".encode()
         self._password = password
-        self._client: Any = None  # redis.Redis or RedisCluster, made on first use
+        self._link: Connections | None = None  # made on first use
         self._lock = threading.Lock()
 
     @classmethod
@@ -122,7 +122,7 @@ class RemoteStore:
     def ping(self) -> bool:
         """Contact the server now, if the breaker allows; whether it answered."""
         try:
-            self._run(lambda client: client.ping())
+            self._run(lambda link: link.client.ping())
         except TransferError:
             return False
         return True
@@ -130,13 +130,9 @@ class RemoteStore:
     def close(self) -> None:
         """Drop the connections; a later call reconnects."""
         with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
-            # A client over a pool it was given does not close that pool's sockets.
-            pool = getattr(client, "connection_pool", None)
-            if pool is not None:
-                pool.disconnect()
+            link, self._link = self._link, None
+        if link is not None:
+            link.close()
 
     # -- keys ------------------------------------------------------------------------
 
@@ -277,8 +273,8 @@ class RemoteStore:
         A connection lost inside it (a cluster node that failed) fails the whole batch.
         """
 
-        def send(client: Any) -> list[Any]:
-            pipe = client.pipeline(transaction=False)
+        def send(link: Connections) -> list[Any]:
+            pipe = link.client.pipeline(transaction=False)
             queue(pipe)
             return list(pipe.execute(raise_on_error=False))
 
@@ -289,8 +285,8 @@ class RemoteStore:
             raise TransferError(f"remote store failed: {lost!r}")
         return results
 
-    def _run(self, fn: Callable[[Any], Any]) -> Any:
-        """Run ``fn(client)`` if the breaker allows; record the outcome in it."""
+    def _run(self, fn: Callable[[Connections], Any]) -> Any:
+        """Run ``fn(connections)`` if the breaker allows; record the outcome in it."""
         if not self.breaker.allow():
             b = self.breaker
             raise TransferError(
@@ -308,8 +304,9 @@ class RemoteStore:
         self.breaker.record_success()
         return result
 
-    def _connect(self) -> Any:
+    def _connect(self) -> Connections:
         with self._lock:
-            if self._client is None:
-                self._client = make_client(self.options, self._password)
-            return self._client
+            if self._link is None:
+                client = make_client(self.options, self._password)
+                self._link = Connections(client, self.options.max_connections)
+            return self._link

@@ -2,8 +2,8 @@
 
 Runs in the I/O threads of a ``RemoteStore`` (worker side); imports no torch.
 
-Writing (single node): ``set_from_pages`` sends a batch of ``SET`` on one pooled
-connection with ``send_buffers`` (header and page as their own buffers, one
+Writing (single node): ``set_from_pages`` sends a batch of ``SET`` on one connection
+(``Connections.owned``) with ``send_buffers`` (header and page as their own buffers, one
 ``sendmsg`` for the batch) and reads the ``+OK`` replies with ``ReplyReader``; a
 refused value (``-OOM ...``) comes back as its ``ResponseError``, any other reply
 fails the batch as a lost connection. The replies are read under ``SO_RCVLOWAT``
@@ -14,8 +14,9 @@ benchmark's setting, side by side (``docs/remote.md``).
 
 Reading, two paths, one outcome per key (``ReadOutcome``):
 
-* ``get_into_pages`` (single node): pipelined ``GET`` on one pooled connection, each
-  reply read by ``ReplyReader`` straight into its page, then verified in place;
+* ``get_into_pages`` (single node): pipelined ``GET`` on one connection, each reply
+  read by ``ReplyReader`` straight into its page, then verified in place (its header
+  compared with the one kvtier writes for those bytes; decoded only if it differs);
 * ``accept`` (cluster, where redis-py's cluster pipeline returns ``bytes``): verify a
   fetched value, then copy its payload into the page.
 
@@ -41,7 +42,13 @@ from redis.exceptions import ResponseError
 from kvtier.errors import IntegrityError
 from kvtier.media import block_format
 from kvtier.media.block_format import Corruption
-from kvtier.media.redis_client import BlockValue, ReplyReader, ValuePacker, send_buffers
+from kvtier.media.redis_client import (
+    BlockValue,
+    Connections,
+    ReplyReader,
+    ValuePacker,
+    send_buffers,
+)
 
 logger = logging.getLogger("kvtier.media.remote")
 
@@ -57,27 +64,14 @@ class ReadOutcome(str, enum.Enum):
     """Stored but failed verification; deleted, never served."""
 
 
-@contextlib.contextmanager
-def owned_connection(client: Any) -> Iterator[Any]:
-    """A connection of ``client``'s pool, connected, ours until released; disconnected
-    if anything fails while we hold it (replies may be left unread: never reuse it)."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        yield conn
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
 def set_from_pages(
-    client: Any, *, batch: list[tuple[bytes, BlockValue]], px: int | None
+    conns: Connections, *, batch: list[tuple[bytes, BlockValue]], px: int | None
 ) -> list[ResponseError | None]:
     """``SET name value [PX px]`` for each of ``batch``, pipelined on one connection.
 
-    Returns, per value, ``None`` (stored) or the server's refusal (e.g. ``OOM``).
+    Returns, per value, ``None`` (stored) or the server's refusal (e.g. ``OOM``). The
+    replies are first compared with as many ``+OK`` at once (one comparison for the
+    batch); only a batch whose replies differ is parsed reply by reply.
 
     Raises:
         RedisConnectionError: a reply that is not ``+OK`` or an error, or a
@@ -87,10 +81,12 @@ def set_from_pages(
     packer = ValuePacker()
     ttl = () if px is None else ("PX", px)
     buffers = [b for name, value in batch for b in packer.pack("SET", name, value, *ttl)]
-    with owned_connection(client) as conn:
+    with conns.owned() as conn:
         send_buffers(conn._sock, buffers)  # see ReplyReader: we own the connection
         reader = ReplyReader(conn._sock, 4096)
         with replies_awaited(conn._sock, len(_OK) * len(batch)):
+            if reader.take_if(_OK * len(batch)):
+                return [None] * len(batch)
             return [_set_reply(reader.line()) for _ in batch]
 
 
@@ -137,10 +133,10 @@ def _set_reply(line: bytes) -> ResponseError | None:
 
 
 def get_into_pages(
-    client: Any, *, fingerprint: bytes, batch: list[tuple[bytes, bytes, np.ndarray]]
+    conns: Connections, *, fingerprint: bytes, batch: list[tuple[bytes, bytes, np.ndarray]]
 ) -> list[ReadOutcome]:
-    """Pipelined GETs on one pooled connection, each value read into its page."""
-    with owned_connection(client) as conn:
+    """Pipelined GETs on one connection of ``conns``, each value read into its page."""
+    with conns.owned() as conn:
         conn.send_packed_command(conn.pack_commands([("GET", name) for _, name, _ in batch]))
         reader = ReplyReader(conn._sock)  # see ReplyReader: we own the connection
         return [receive(reader, fingerprint, key, dest) for key, _, dest in batch]
@@ -169,6 +165,12 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
         reader.read_into(part)
     if crlf != b"\r\n":
         raise RedisConnectionError("a bulk reply not ended by CRLF")
+    # The header kvtier writes for these payload bytes under this key and model: a
+    # stored header equal to it byte for byte is verified (magic, version, lengths,
+    # key, fingerprint, payload checksum and its own checksum all match) without
+    # decoding it; any other is decoded and checked field by field for the reason.
+    if header == block_format.encode_header(key, fingerprint, dest.data):
+        return ReadOutcome.HIT
     try:
         block_format.verify(header, dest.data, key=key, fingerprint=fingerprint)
     except IntegrityError as e:

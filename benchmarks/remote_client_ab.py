@@ -1,0 +1,122 @@
+"""kvtier's remote client against an older kvtier, side by side in one process: CPU
+seconds per GB and GB/s of stores and loads.
+
+Run from the repository root: ``PYTHONPATH=<dir>:src python benchmarks/remote_client_ab.py
+<repeats> <out.json> [value bytes] [threads x depth, ...]`` where ``<dir>`` holds the
+older tree's ``kvtier`` package renamed ``kvtier_base`` (``git archive <commit> src |
+tar -x -C /tmp/t && cp -r /tmp/t/src/kvtier <dir>/kvtier_base``, then its imports
+rewritten: ``sed -i -E 's/\\bfrom kvtier(\\.| import)/from kvtier_base\\1/g; s/\\bimport
+kvtier\\b/import kvtier_base/g'`` over its ``.py`` files). Both clients write and read
+the same pages under their own fingerprints on one ``redis-server``; passes alternate
+(base, new; stores, then loads) after one warm-up round; the figures are medians of
+``repeats``. The client CPU is this process's (``time.process_time``: every thread),
+which a loaded machine disturbs far less than the wall-clock rate.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from remote_probes import server_cpu, write_in_threads
+
+from kvtier.bench.remote import local_server
+from kvtier.bench.report import git_commit, machine_info
+
+TOTAL = int(os.environ.get("AB_MIB", "256")) << 20
+
+
+def client(package: str, url: str, fingerprint: bytes) -> Any:
+    remote = importlib.import_module(f"{package}.media.remote")
+    options = remote.RemoteOptions(url=url, max_connections=16, timeout_s=30.0)
+    return remote.RemoteStore.open(fingerprint, options, environ={})
+
+
+def passes(store: Any, keys: list[bytes], pages: np.ndarray, t: int, d: int) -> dict[str, Any]:
+    def read(batch: list[bytes], outs: list[np.ndarray]) -> None:
+        got = store.read_many_into(batch, outs)
+        if not all(o.value == "hit" for o in got):
+            raise RuntimeError("a load missed")
+
+    return {
+        "store": lambda: write_in_threads(store.write_many, keys, pages, t, d),
+        "load": lambda: write_in_threads(read, keys, pages, t, d),
+    }
+
+
+def measure(run: Callable[[], object], url: str) -> dict[str, float]:
+    s0, c0, t0 = server_cpu(url), time.process_time(), time.perf_counter()
+    run()
+    wall, cpu, server = (
+        time.perf_counter() - t0,
+        time.process_time() - c0,
+        server_cpu(url) - s0,
+    )
+    gb = TOTAL / 1e9
+    return {"gbps": gb / wall, "client_cpu_s_per_gb": cpu / gb, "server_cpu_s_per_gb": server / gb}
+
+
+def main() -> None:
+    repeats = int(sys.argv[1])
+    out = sys.argv[2]
+    size = int(sys.argv[3]) if len(sys.argv) > 3 else 256 << 10
+    shapes = [tuple(int(x) for x in s.split("x")) for s in (sys.argv[4:] or ["4x8", "1x8"])]
+    count = TOTAL // size
+    pages = np.random.default_rng(1).integers(0, 256, (count, size), dtype=np.uint8)
+    keys = [i.to_bytes(32, "big") for i in range(count)]
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict[str, float]]] = {}
+    with local_server(3 * TOTAL + (64 << 20)) as url:
+        stores = {
+            p: client(p, url, bytes([i + 1]) * 32) for i, p in enumerate(("kvtier_base", "kvtier"))
+        }
+        for t, d in shapes:
+            for op in ("store", "load"):
+                for rep in range(repeats + 1):
+                    for package, store in stores.items():
+                        got = measure(passes(store, keys, pages, t, d)[op], url)
+                        if rep:
+                            runs.setdefault(f"{op} {t}x{d} {package}", []).append(got)
+    rows = []
+    for name, got in runs.items():
+        row: dict[str, Any] = {"pass": name}
+        for k in got[0]:
+            row[k] = round(statistics.median(r[k] for r in got), 3)
+            row[k + "_runs"] = [round(r[k], 3) for r in got]
+        rows.append(row)
+        print(
+            f"{name:24} GB/s {row['gbps']:.3f}  client CPU s/GB {row['client_cpu_s_per_gb']:.3f} "
+            f"{row['client_cpu_s_per_gb_runs']}  server {row['server_cpu_s_per_gb']:.3f}"
+        )
+    load_after = os.getloadavg()
+    print(f"load average before {load_before}, after {load_after}")
+    with open(out, "x") as f:
+        json.dump(
+            {
+                "benchmark": "remote_client_ab",
+                "machine": machine_info(),
+                "commit": git_commit(),
+                "config": {
+                    "value_bytes": size,
+                    "bytes_per_pass": TOTAL,
+                    "repeats": repeats,
+                    "shapes": [f"{t}x{d}" for t, d in shapes],
+                },
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
+
+
+if __name__ == "__main__":
+    main()
