@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -303,6 +305,48 @@ def test_batches_reuse_an_idle_connection_and_never_a_dead_one(server: RedisServ
         assert outcomes == [ReadOutcome.HIT] * 4 and np.array_equal(outs, np.stack(data))
         assert s.healthy and s.breaker.failures == 0
     finally:
+        s.close()
+
+
+def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
+    server: RedisServer,
+) -> None:
+    """Two connections, both held; a third user blocks in the pool. When one holder
+    finishes, its connection must go to the pool (which wakes the waiter), not to the
+    idle stack the waiter no longer looks at: else the waiter times out with one idle."""
+    s = open_store(server, max_connections=2, timeout_s=2.0)
+    link = s._connect()
+    release_a, release_b, holding = threading.Event(), threading.Event(), threading.Barrier(3)
+    got: list[object] = []
+
+    def hold(release: threading.Event) -> None:
+        with link.owned():
+            holding.wait()
+            release.wait()
+
+    def third() -> None:
+        try:
+            with link.owned() as conn:
+                got.append(conn)
+        except Exception as exc:  # the pool's "no connection available"
+            got.append(exc)
+
+    holders = [threading.Thread(target=hold, args=(e,)) for e in (release_a, release_b)]
+    try:
+        for t in holders:
+            t.start()
+        holding.wait()
+        waiter = threading.Thread(target=third)
+        waiter.start()
+        time.sleep(0.2)  # the third user is blocked in the pool by now
+        release_a.set()
+        waiter.join(5)
+        assert len(got) == 1 and not isinstance(got[0], Exception), got
+    finally:
+        release_a.set()
+        release_b.set()
+        for t in holders:
+            t.join()
         s.close()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -260,3 +261,32 @@ def test_a_store_reads_its_replies_under_the_mark_of_its_batch(
     store = serve(b"SET", lambda n: b"+OK\r\n")
     store.write_many([key(i) for i in range(6)], pages(6))
     assert marks == [30]
+
+
+def test_a_batch_whose_replies_outgrow_the_read_buffer_is_stored_at_once(
+    serve: Callable[[bytes, Reply], RemoteStore],
+) -> None:
+    """900 ``+OK`` (4,500 bytes) fill the 4,096-byte read buffer and leave 404 bytes:
+    read under the batch's mark, that rest never woke the reader and the batch waited
+    out the 2 s timeout as an outage. The mark holds for the first read only."""
+    store = serve(b"SET", lambda n: b"+OK\r\n")
+    store.write_many([i.to_bytes(32, "big") for i in range(900)], pages(1) * 900)
+    assert store.healthy and store.breaker.failures == 0
+
+
+def test_replies_split_by_a_refusal_and_a_pause_are_read_without_waiting(
+    serve: Callable[[bytes, Reply], RemoteStore],
+) -> None:
+    """Seven replies (one a 20-byte refusal) come first, the eighth after a pause:
+    the first read takes the seven (>= the 40-byte mark), and the last 5 bytes, under
+    the mark, would have waited out the timeout. The batch names its one refusal."""
+
+    def reply(n: int) -> bytes:
+        if n == 7:
+            time.sleep(0.2)
+        return b"-ERR value refused\r\n" if n == 4 else b"+OK\r\n"
+
+    store = serve(b"SET", reply)
+    with pytest.raises(TransferError, match="1 of 8 values refused: ERR value refused"):
+        store.write_many([key(i) for i in range(8)], pages(8))
+    assert store.healthy and store.breaker.failures == 0

@@ -131,6 +131,7 @@ class Connections:
         self._pool: Any = getattr(client, "connection_pool", None)  # None on a cluster
         self._idle: list[Any] = []
         self._keep = max_connections - 1
+        self._waiting = 0  # threads blocked in the pool for a connection
         self._lock = threading.Lock()
         self._pid = os.getpid()
 
@@ -146,7 +147,8 @@ class Connections:
             self._pool.release(conn)
             raise
         with self._lock:
-            if len(self._idle) < self._keep:
+            # a thread blocked in the pool is woken only by a release to the pool
+            if len(self._idle) < self._keep and not self._waiting:
                 self._idle.append(conn)
                 return
         self._pool.release(conn)
@@ -157,8 +159,14 @@ class Connections:
                 if self._pid != os.getpid():  # a forked child: the sockets are the parent's
                     self._idle, self._pid = [], os.getpid()  # left alone, as redis-py does
                 conn = self._idle.pop() if self._idle else None
+                if conn is None:
+                    self._waiting += 1  # under the lock: no connection is parked idle now
             if conn is None:
-                return self._pool.get_connection()
+                try:
+                    return self._pool.get_connection()
+                finally:
+                    with self._lock:
+                        self._waiting -= 1
             if _ready(conn._sock):
                 return conn
             conn.disconnect()  # closed by the server, or bytes nobody asked for
@@ -310,7 +318,8 @@ class ReplyReader:
         self._start = 0
         self._end = 0
 
-    def _fill(self) -> None:
+    def fill(self) -> None:
+        """One ``recv`` into the buffer (at least a byte; as the socket's mark allows)."""
         if self._start == self._end:
             self._start = self._end = 0
         elif self._end == len(self._buf):
@@ -332,7 +341,7 @@ class ReplyReader:
                 return out
             if self._start == 0 and self._end == len(self._buf):
                 raise RedisConnectionError("a reply line longer than the read buffer")
-            self._fill()
+            self.fill()
 
     def take_if(self, expected: bytes) -> bool:
         """Whether the stream goes on with ``expected``: if so it is consumed, if not
@@ -344,7 +353,7 @@ class ReplyReader:
         while self._end - self._start < n:
             if not expected.startswith(self._buf[self._start : self._end]):
                 return False
-            self._fill()
+            self.fill()
         if self._buf[self._start : self._start + n] != expected:
             return False
         self._start += n
@@ -364,7 +373,7 @@ class ReplyReader:
         """
         if len(view) <= len(self._buf):
             while self._end - self._start < len(view):
-                self._fill()
+                self.fill()
         n = min(len(view), self._end - self._start)
         view[:n] = memoryview(self._buf)[self._start : self._start + n]  # one copy
         self._start += n

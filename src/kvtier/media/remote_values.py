@@ -83,14 +83,19 @@ def set_from_pages(
     buffers = [b for name, value in batch for b in packer.pack("SET", name, value, *ttl)]
     with conns.owned() as conn:
         send_buffers(conn._sock, buffers)  # see ReplyReader: we own the connection
-        reader = ReplyReader(conn._sock, 4096)
-        with replies_awaited(conn._sock, len(_OK) * len(batch)):
-            if reader.take_if(_OK * len(batch)):
-                return [None] * len(batch)
-            return [_set_reply(reader.line()) for _ in batch]
+        reader = ReplyReader(conn._sock, _SET_READ_BYTES)
+        # one wake-up under the mark, then the rest at the usual mark of one byte: a
+        # second read under it would wait for bytes that may never come (a batch
+        # whose replies outgrow the buffer, or an error reply that split them)
+        with replies_awaited(conn._sock, min(len(_OK) * len(batch), _SET_READ_BYTES)):
+            reader.fill()
+        if reader.take_if(_OK * len(batch)):
+            return [None] * len(batch)
+        return [_set_reply(reader.line()) for _ in batch]
 
 
 _OK = b"+OK\r\n"
+_SET_READ_BYTES = 4096
 
 
 @contextlib.contextmanager

@@ -104,7 +104,8 @@ class CpuRemoteOffloadingHandlers:
         cpu_pages: the CPU tier's host memory, a C-contiguous CPU ``uint8`` tensor of
             shape ``(num_cpu_blocks, block_bytes)``; row ``c`` is CPU block ``c``.
         remote_store: the store (its owner closes it); give it at least
-            ``2 * io_threads`` connections (``RemoteOptions.max_connections``).
+            ``2 * io_threads + 1`` connections (``RemoteOptions.max_connections``: one
+            left for its own commands, EXISTS, DEL, PING).
         io_threads: jobs in flight per direction (``remote_io_threads``).
     """
 
