@@ -424,8 +424,7 @@ class TierManager:
     # -- internals ------------------------------------------------------------------
 
     def _evict(self, victims: list[BlockHash]) -> None:
-        assert self._storing.isdisjoint(victims), "policy chose a held block"
-        assert self._pinned.isdisjoint(victims), "policy chose a held block"
+        assert not self._is_held.any_of(victims), "policy chose a held block"
         self._free.extend(map(self._slots.pop, victims))
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)

@@ -61,7 +61,11 @@ class GhostMachine(RuleBasedStateMachine):
     @invariant()
     def dead_entries_are_counted_and_bounded(self) -> None:
         dead = sum(self.ghosts._stale.values())
-        assert len(self.ghosts._fifo) == len(self.model) + dead
+        queued = list(self.ghosts._entries())
+        assert len(queued) == self.ghosts._queued == len(self.model) + dead
+        assert all(self.ghosts._chunks)  # no empty batch is queued
+        if self.ghosts._chunks:
+            assert self.ghosts._head < len(self.ghosts._chunks[0])
         self.most = max(getattr(self, "most", 0), len(self.model))
         assert dead <= self.most + ghosts.COMPACT_SLACK  # rebuilt past that
 

@@ -77,6 +77,10 @@ class RecencyList(Generic[K]):
     def __contains__(self, key: object) -> bool:
         return key in self._order or key in self._parked
 
+    def keys(self) -> Iterator[K]:
+        """Every key, parked or not, in no particular order."""
+        return chain(self._parked, self._order)
+
     def add(self, key: K) -> None:
         """Add a new key as the most recent. The key must not be in the list."""
         self._order[key] = None
