@@ -242,8 +242,10 @@ class TierManager:
         when that is not enough.
         """
         slots = self._slots
-        unique = dict.fromkeys(block_hashes)
-        to_store = list(filterfalse(slots.__contains__, unique))
+        to_store = list(filterfalse(slots.__contains__, block_hashes))
+        unique = set(block_hashes)  # half the work of an ordered dict.fromkeys
+        if len(unique) != len(block_hashes):  # a key listed twice: stored once, in order
+            to_store = list(dict.fromkeys(to_store))
         # Only resident keys of the store can be victims; usually there are none.
         all_new = len(to_store) == len(unique)
         if self.store_threshold > 1:
@@ -255,7 +257,7 @@ class TierManager:
         if need > 0:
             victims = None
             if len(to_store) <= self.num_blocks:
-                protected = () if all_new else unique.keys()
+                protected = () if all_new else unique
                 victims = self.policy.choose_victims(need, self._is_held, protected, to_store)
             if victims is None:
                 self._n["stores_rejected"] += len(to_store)

@@ -58,4 +58,6 @@ class LRUPolicy(EvictionPolicy):
         return self._list.coldest(n, is_held, protected)
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        self._list.remove_all(victims)
+        missing = self._list.remove_found(victims)
+        if missing:
+            raise KeyError(missing[0])
