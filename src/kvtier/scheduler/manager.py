@@ -37,7 +37,7 @@ loads.
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from itertools import filterfalse, takewhile
@@ -265,7 +265,7 @@ class TierManager:
             self._evict(victims)
             evicted = victims
         new_slots = self._free.take(len(to_store))
-        slots.update(zip(to_store, new_slots, strict=True))
+        deque(map(slots.setdefault, to_store, new_slots), maxlen=0)  # new keys: inserts
         self._storing.update(to_store)
         self.policy.add_all(to_store)
         if self.store_threshold > 1:
