@@ -426,7 +426,9 @@ class TierManager:
     # -- internals ------------------------------------------------------------------
 
     def _evict(self, victims: list[BlockHash]) -> None:
-        assert not self._is_held.any_of(victims), "policy chose a held block"
+        storing, pinned = self._storing, self._pinned  # an empty set is not asked
+        assert not (storing and not storing.isdisjoint(victims)), "policy chose a held block"
+        assert not (pinned and not pinned.isdisjoint(victims)), "policy chose a held block"
         self._free.extend(map(self._slots.pop, victims))
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)

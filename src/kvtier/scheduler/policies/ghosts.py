@@ -6,26 +6,30 @@ leaves when its block is stored again (it "returns"), and the oldest go when the
 outgrows its bound. Those lists hold up to four times the tier's blocks, so each of
 their operations is a cache miss on a large table; a set and a queue of entries do
 them with about a third of the work of an ``OrderedDict`` (no linked node per key).
-Keys join in batches (one eviction's victims) and leave in batches, so the queue is a
-deque of those batches, each a list, with how far the oldest one has been dropped::
+The queue is one list with the index of its oldest entry; the entries before it were
+dropped and are cut off once they make up half the list::
 
-    _chunks: oldest ─► [k1, k2 | k3, k2'] [k4, ...] ─► newest   (_head = 1: k1 dropped)
-    _keys:   {k3, k2', k4, ...}                                  (the ghosts now)
-    _stale:  {k2: 1}                        (k2 returned: its first entry is dead)
+    _fifo:  [k0, k1 | k2, k3, k2', k4] ─► newest     (_head = 2: k0, k1 dropped)
+    _keys:  {k3, k2', k4}                             (the ghosts now)
+    _stale: {k2: 1}                                   (k2 returned: its first entry is dead)
 
-Adding a batch is one list copy and one ``set.update``; dropping the ``n`` oldest is a
-slice of the first batch or two and one ``set.difference_update`` (C-level passes, no
-call per key). A key that returns leaves ``_keys`` at once but its entry stays queued,
-counted in ``_stale``; entries of a key are queued oldest first, so its stale ones are
-its first ones, and dropping the oldest skips them. The queue is rebuilt when stale
-entries make up half of it, so it stays within twice the list plus a constant.
+Adding a batch is one ``list.extend`` and one ``set.update``; dropping the ``n`` oldest
+is one slice and one ``set.difference_update`` (C-level passes, no call per key), and
+cutting the dropped entries is one ``del`` (amortized: the list at most doubles). No
+object is kept per batch: a list per eviction, kept until dropped, made the cyclic
+garbage collector run, and traverse the tier's large tables, within the bench's
+counted stores (~30 more cache misses per stored block).
+
+A key that returns leaves ``_keys`` at once but its entry stays queued, counted in
+``_stale``; entries of a key are queued oldest first, so its stale ones are its first
+ones, and dropping the oldest skips them. The queue is rebuilt when stale entries make
+up half of it, so it stays within twice the list plus a constant.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
-from itertools import chain, islice
+from itertools import islice
 
 from kvtier.blocks import BlockHash
 
@@ -36,13 +40,12 @@ COMPACT_SLACK = 64
 class GhostList:
     """A FIFO of evicted keys with O(1) membership, removal and dropping the oldest."""
 
-    __slots__ = ("_chunks", "_head", "_keys", "_queued", "_stale")
+    __slots__ = ("_fifo", "_head", "_keys", "_stale")
 
     def __init__(self) -> None:
         self._keys: set[BlockHash] = set()
-        self._chunks: deque[list[BlockHash]] = deque()  # batches of entries, oldest first
-        self._head = 0  # entries of _chunks[0] already dropped
-        self._queued = 0  # entries queued (live and stale): sum of chunk lengths - _head
+        self._fifo: list[BlockHash] = []  # queued entries from _head on, oldest first
+        self._head = 0  # entries before it were dropped (cut off at half the list)
         self._stale: dict[BlockHash, int] = {}  # key -> its dead entries queued
 
     def __len__(self) -> int:
@@ -62,11 +65,7 @@ class GhostList:
 
     def _entries(self) -> Iterator[BlockHash]:
         """Every queued entry, live or stale, oldest first."""
-        chunks = iter(self._chunks)
-        first = next(chunks, None)
-        if first is None:
-            return iter(())
-        return chain(islice(first, self._head, None), chain.from_iterable(chunks))
+        return islice(self._fifo, self._head, None)
 
     def isdisjoint(self, keys: Iterable[BlockHash]) -> bool:
         """Whether none of ``keys`` is a ghost (one C-level pass; none when there are
@@ -76,22 +75,18 @@ class GhostList:
 
     def update(self, keys: Iterable[BlockHash]) -> None:
         """Add keys, in order, as the newest ghosts (none may be a ghost already)."""
-        batch = list(keys)  # a copy: the caller's list may change later
-        if batch:
-            self._keys.update(batch)
-            self._chunks.append(batch)
-            self._queued += len(batch)
+        batch = keys if isinstance(keys, (list, tuple)) else list(keys)
+        self._keys.update(batch)
+        self._fifo.extend(batch)
 
     def remove(self, key: BlockHash) -> None:
         """Take out a ghost (its block is stored again)."""
         self._keys.remove(key)
         stale = self._stale
         stale[key] = stale.get(key, 0) + 1
-        if self._queued > 2 * len(self._keys) + COMPACT_SLACK:
-            live = list(self)
-            self._chunks = deque([live] if live else [])
+        if len(self._fifo) - self._head > 2 * len(self._keys) + COMPACT_SLACK:
+            self._fifo = list(self)
             self._head = 0
-            self._queued = len(live)
             stale.clear()
 
     def discard(self, key: BlockHash) -> None:
@@ -120,23 +115,12 @@ class GhostList:
 
     def _take(self, n: int) -> list[BlockHash]:
         """Dequeue and return the ``n`` oldest entries, live or stale (``n`` at most
-        those queued): a slice of the oldest batch or two, or the whole batch."""
-        chunks, head = self._chunks, self._head
-        self._queued -= n
-        first = chunks[0]
-        if head == 0 and len(first) == n:  # whole batches in, whole batches out
-            return chunks.popleft()
-        taken: list[BlockHash] = []
-        while True:
-            end = head + n - len(taken)
-            if end < len(first):
-                taken += first[head:end]
-                self._head = end
-                return taken
-            taken += first[head:] if head else first
-            chunks.popleft()
-            head = 0
-            if len(taken) == n:
-                self._head = 0
-                return taken
-            first = chunks[0]
+        those queued); cut the dropped ones off once they are half the list."""
+        fifo, end = self._fifo, self._head + n
+        taken = fifo[self._head : end]
+        if 2 * end >= len(fifo):
+            del fifo[:end]
+            self._head = 0
+        else:
+            self._head = end
+        return taken
