@@ -6,19 +6,20 @@ leaves when its block is stored again (it "returns"), and the oldest go when the
 outgrows its bound. Those lists hold up to four times the tier's blocks, so each of
 their operations is a cache miss on a large table; a set and a queue of entries do
 them with about a third of the work of an ``OrderedDict`` (no linked node per key).
-The queue is one list with the index of its oldest entry; the entries before it were
-dropped and are cut off once they make up half the list::
+The queue is a ring: one list, the index of its oldest entry and the count queued::
 
-    _fifo:  [k0, k1 | k2, k3, k2', k4] ─► newest     (_head = 2: k0, k1 dropped)
-    _keys:  {k3, k2', k4}                             (the ghosts now)
-    _stale: {k2: 1}                                   (k2 returned: its first entry is dead)
+    _ring:  [k4, - | k2, k3, k2'] (wraps)   _head = 2, _size = 4: k2, k3, k2', k4
+    _keys:  {k3, k2', k4}                   (the ghosts now)
+    _stale: {k2: 1}                         (k2 returned: its first entry is dead)
 
-Adding a batch is one ``list.extend`` and one ``set.update``; dropping the ``n`` oldest
-is one slice and one ``set.difference_update`` (C-level passes, no call per key), and
-cutting the dropped entries is one ``del`` (amortized: the list at most doubles). No
+Adding a batch is one or two slice assignments and one ``set.update``; dropping the
+``n`` oldest is one or two slices, as many assignments of None (the keys are let go
+at once, while in cache) and one ``set.difference_update``: C-level passes, no call
+per key. The ring grows by half when full and never moves its entries otherwise. No
 object is kept per batch: a list per eviction, kept until dropped, made the cyclic
 garbage collector run, and traverse the tier's large tables, within the bench's
-counted stores (~30 more cache misses per stored block).
+counted stores (~30 more cache misses per block); a list cut at its front moved and
+reallocated its entries (~0.6 more per block for ``arc``).
 
 A key that returns leaves ``_keys`` at once but its entry stays queued, counted in
 ``_stale``; entries of a key are queued oldest first, so its stale ones are its first
@@ -29,23 +30,28 @@ up half of it, so it stays within twice the list plus a constant.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from itertools import islice
+from itertools import chain, islice
+from typing import cast
 
 from kvtier.blocks import BlockHash
 
 COMPACT_SLACK = 64
 """Stale entries allowed beyond the list's own size before the queue is rebuilt."""
 
+MIN_RING = 64
+"""Slots of an empty ring."""
+
 
 class GhostList:
     """A FIFO of evicted keys with O(1) membership, removal and dropping the oldest."""
 
-    __slots__ = ("_fifo", "_head", "_keys", "_stale")
+    __slots__ = ("_head", "_keys", "_ring", "_size", "_stale")
 
     def __init__(self) -> None:
         self._keys: set[BlockHash] = set()
-        self._fifo: list[BlockHash] = []  # queued entries from _head on, oldest first
-        self._head = 0  # entries before it were dropped (cut off at half the list)
+        self._ring: list[BlockHash | None] = [None] * MIN_RING  # None: a free slot
+        self._head = 0  # the slot of the oldest entry
+        self._size = 0  # entries queued, live and stale, from _head on (wrapping)
         self._stale: dict[BlockHash, int] = {}  # key -> its dead entries queued
 
     def __len__(self) -> int:
@@ -65,7 +71,10 @@ class GhostList:
 
     def _entries(self) -> Iterator[BlockHash]:
         """Every queued entry, live or stale, oldest first."""
-        return islice(self._fifo, self._head, None)
+        ring, head = self._ring, self._head
+        end = head + self._size
+        wrapped = islice(ring, 0, max(0, end - len(ring)))
+        return cast(Iterator[BlockHash], chain(islice(ring, head, end), wrapped))
 
     def isdisjoint(self, keys: Iterable[BlockHash]) -> bool:
         """Whether none of ``keys`` is a ghost (one C-level pass; none when there are
@@ -76,17 +85,30 @@ class GhostList:
     def update(self, keys: Iterable[BlockHash]) -> None:
         """Add keys, in order, as the newest ghosts (none may be a ghost already)."""
         batch = keys if isinstance(keys, (list, tuple)) else list(keys)
+        n = len(batch)
+        if not n:
+            return
         self._keys.update(batch)
-        self._fifo.extend(batch)
+        size = self._size
+        if size + n > len(self._ring):
+            self._rebuild(list(self._entries()), size + n)
+        ring = self._ring
+        cap = len(ring)
+        tail = (self._head + size) % cap
+        if tail + n <= cap:
+            ring[tail : tail + n] = batch
+        else:  # wraps
+            ring[tail:] = batch[: cap - tail]
+            ring[: tail + n - cap] = batch[cap - tail :]
+        self._size = size + n
 
     def remove(self, key: BlockHash) -> None:
         """Take out a ghost (its block is stored again)."""
         self._keys.remove(key)
         stale = self._stale
         stale[key] = stale.get(key, 0) + 1
-        if len(self._fifo) - self._head > 2 * len(self._keys) + COMPACT_SLACK:
-            self._fifo = list(self)
-            self._head = 0
+        if self._size > 2 * len(self._keys) + COMPACT_SLACK:
+            self._rebuild(list(self), 0)
             stale.clear()
 
     def discard(self, key: BlockHash) -> None:
@@ -115,12 +137,25 @@ class GhostList:
 
     def _take(self, n: int) -> list[BlockHash]:
         """Dequeue and return the ``n`` oldest entries, live or stale (``n`` at most
-        those queued); cut the dropped ones off once they are half the list."""
-        fifo, end = self._fifo, self._head + n
-        taken = fifo[self._head : end]
-        if 2 * end >= len(fifo):
-            del fifo[:end]
-            self._head = 0
-        else:
-            self._head = end
-        return taken
+        those queued), freeing their slots."""
+        ring, head = self._ring, self._head
+        cap = len(ring)
+        end = head + n
+        if end <= cap:
+            taken = ring[head:end]
+            ring[head:end] = [None] * n
+        else:  # wraps
+            taken = ring[head:] + ring[: end - cap]
+            ring[head:] = [None] * (cap - head)
+            ring[: end - cap] = [None] * (end - cap)
+        self._head = end % cap
+        self._size -= n
+        return cast(list[BlockHash], taken)
+
+    def _rebuild(self, entries: list[BlockHash], need: int) -> None:
+        """Queue ``entries`` alone, from slot 0, in a ring of room for ``need`` or
+        more (grown by half, never shrunk)."""
+        cap = max(len(self._ring), need + need // 2, MIN_RING)
+        self._ring = [*entries, *([None] * (cap - len(entries)))]
+        self._head = 0
+        self._size = len(entries)
