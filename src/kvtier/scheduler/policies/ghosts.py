@@ -15,7 +15,9 @@ The queue is a ring: one list, the index of its oldest entry and the count queue
 Adding a batch is one or two slice assignments and one ``set.update``; dropping the
 ``n`` oldest is one or two slices, as many assignments of None (the keys are let go
 at once, while in cache) and one ``set.difference_update``: C-level passes, no call
-per key. The ring grows by half when full and never moves its entries otherwise. No
+per key. The ring grows by half when full, moving only pointers (no key's reference
+count is touched, unlike a copy: +12 misses per block for ``slru``, whose ghosts grow
+through the bench). No
 object is kept per batch: a list per eviction, kept until dropped, made the cyclic
 garbage collector run, and traverse the tier's large tables, within the bench's
 counted stores (~30 more cache misses per block); a list cut at its front moved and
@@ -91,7 +93,7 @@ class GhostList:
         self._keys.update(batch)
         size = self._size
         if size + n > len(self._ring):
-            self._rebuild(list(self._entries()), size + n)
+            self._grow(size + n)
         ring = self._ring
         cap = len(ring)
         tail = (self._head + size) % cap
@@ -108,7 +110,7 @@ class GhostList:
         stale = self._stale
         stale[key] = stale.get(key, 0) + 1
         if self._size > 2 * len(self._keys) + COMPACT_SLACK:
-            self._rebuild(list(self), 0)
+            self._rebuild(list(self))
             stale.clear()
 
     def discard(self, key: BlockHash) -> None:
@@ -152,10 +154,22 @@ class GhostList:
         self._size -= n
         return cast(list[BlockHash], taken)
 
-    def _rebuild(self, entries: list[BlockHash], need: int) -> None:
-        """Queue ``entries`` alone, from slot 0, in a ring of room for ``need`` or
-        more (grown by half, never shrunk)."""
-        cap = max(len(self._ring), need + need // 2, MIN_RING)
-        self._ring = [*entries, *([None] * (cap - len(entries)))]
+    def _grow(self, need: int) -> None:
+        """Make room for ``need`` entries or more (by half): free slots go in just
+        after the newest entry, so the entries keep their order. Only pointers move:
+        copying the entries into a new list would touch (count references to) every
+        queued key, a cache miss each."""
+        ring, head = self._ring, self._head
+        extra = max(need + need // 2, MIN_RING) - len(ring)
+        if head + self._size <= len(ring):  # not wrapped: room at the end
+            ring.extend([None] * extra)
+        else:  # wrapped: room between the newest entries (at the start) and the oldest
+            ring[head:head] = [None] * extra
+            self._head = head + extra
+
+    def _rebuild(self, entries: list[BlockHash]) -> None:
+        """Queue ``entries`` alone, from slot 0, in a ring of the same size."""
+        ring = self._ring
+        self._ring = [*entries, *([None] * (len(ring) - len(entries)))]
         self._head = 0
         self._size = len(entries)
