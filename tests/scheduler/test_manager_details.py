@@ -309,6 +309,15 @@ def test_a_store_listing_a_key_twice_stores_it_once() -> None:
     assert m.stats().stored == 2
 
 
+def test_a_store_listing_keys_twice_stores_each_once_in_first_listed_order() -> None:
+    m = make(8)
+    store(m, keys(7))
+    out = m.prepare_store(keys(5, 7, 3, 5, 9, 3, 1))
+    assert out is not None and out.block_hashes_to_store == tuple(keys(5, 3, 9, 1))
+    assert [m.slot(k) for k in keys(5, 3, 9, 1)] == list(out.store_spec.block_ids)
+    assert len(m) == 5 and m.num_free == 3
+
+
 def test_a_store_protects_its_own_keys_in_long_lists_too() -> None:
     # Eight or more keys take the set path for the protected keys.
     m = make(8)

@@ -37,7 +37,7 @@ loads.
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from itertools import filterfalse, takewhile
@@ -242,8 +242,10 @@ class TierManager:
         when that is not enough.
         """
         slots = self._slots
-        unique = dict.fromkeys(block_hashes)
-        to_store = list(filterfalse(slots.__contains__, unique))
+        to_store = list(filterfalse(slots.__contains__, block_hashes))
+        unique = set(block_hashes)  # half the work of an ordered dict.fromkeys
+        if len(unique) != len(block_hashes):  # a key listed twice: stored once, in order
+            to_store = list(dict.fromkeys(to_store))
         # Only resident keys of the store can be victims; usually there are none.
         all_new = len(to_store) == len(unique)
         if self.store_threshold > 1:
@@ -255,7 +257,7 @@ class TierManager:
         if need > 0:
             victims = None
             if len(to_store) <= self.num_blocks:
-                protected = () if all_new else unique.keys()
+                protected = () if all_new else unique
                 victims = self.policy.choose_victims(need, self._is_held, protected, to_store)
             if victims is None:
                 self._n["stores_rejected"] += len(to_store)
@@ -263,7 +265,7 @@ class TierManager:
             self._evict(victims)
             evicted = victims
         new_slots = self._free.take(len(to_store))
-        slots.update(zip(to_store, new_slots, strict=True))
+        deque(map(slots.setdefault, to_store, new_slots), maxlen=0)  # new keys: inserts
         self._storing.update(to_store)
         self.policy.add_all(to_store)
         if self.store_threshold > 1:
@@ -424,8 +426,9 @@ class TierManager:
     # -- internals ------------------------------------------------------------------
 
     def _evict(self, victims: list[BlockHash]) -> None:
-        assert self._storing.isdisjoint(victims), "policy chose a held block"
-        assert self._pinned.isdisjoint(victims), "policy chose a held block"
+        storing, pinned = self._storing, self._pinned  # an empty set is not asked
+        assert not (storing and not storing.isdisjoint(victims)), "policy chose a held block"
+        assert not (pinned and not pinned.isdisjoint(victims)), "policy chose a held block"
         self._free.extend(map(self._slots.pop, victims))
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)

@@ -55,13 +55,13 @@ class FreeSlots:
         Raises:
             IndexError: fewer than ``n`` slots are free (nothing is taken).
         """
-        if n > len(self):
-            raise IndexError(f"take {n} slots from {len(self)} free")
         returned = self._returned
-        if n <= len(returned):
+        if n <= len(returned):  # the usual case once the tier is full
             out = returned[len(returned) - n :]
             del returned[len(returned) - n :]
             return out
+        if n > len(self):
+            raise IndexError(f"take {n} slots from {len(self)} free")
         fresh = n - len(returned)
         out = [BlockId(i) for i in range(self._next + fresh - 1, self._next - 1, -1)]
         out += returned

@@ -61,7 +61,11 @@ class GhostMachine(RuleBasedStateMachine):
     @invariant()
     def dead_entries_are_counted_and_bounded(self) -> None:
         dead = sum(self.ghosts._stale.values())
-        assert len(self.ghosts._fifo) == len(self.model) + dead
+        g = self.ghosts
+        assert len(list(g._entries())) == g._size == len(self.model) + dead
+        assert 0 <= g._head < len(g._ring) and g._size <= len(g._ring)
+        free = len(g._ring) - g._size  # the slots outside the queue hold no key
+        assert sum(k is None for k in g._ring) == free
         self.most = max(getattr(self, "most", 0), len(self.model))
         assert dead <= self.most + ghosts.COMPACT_SLACK  # rebuilt past that
 
@@ -78,7 +82,21 @@ class SmallSlackGhostMachine(GhostMachine):
         ghosts.COMPACT_SLACK = self._slack
 
 
+class SmallRingGhostMachine(GhostMachine):
+    """The same in a ring of two slots at first, so that it wraps and grows often."""
+
+    def __init__(self) -> None:
+        self._min_ring = ghosts.MIN_RING
+        ghosts.MIN_RING = 2
+        super().__init__()
+
+    def teardown(self) -> None:
+        ghosts.MIN_RING = self._min_ring
+
+
 TestGhostList = GhostMachine.TestCase
 TestGhostList.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 TestGhostListRebuilds = SmallSlackGhostMachine.TestCase
 TestGhostListRebuilds.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+TestGhostListSmallRing = SmallRingGhostMachine.TestCase
+TestGhostListSmallRing.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

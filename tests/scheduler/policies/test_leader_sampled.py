@@ -227,3 +227,31 @@ def test_a_sampled_tier_ignores_a_touch_of_an_absent_key(monkeypatch: pytest.Mon
     policy.touch(block_key(9), True)
     policy.touch(block_key(1), True)
     assert policy.choose_victims(2, lambda key: False, (), ()) == [block_key(2), block_key(1)]
+
+
+@pytest.mark.parametrize("to", [1, 2])
+def test_a_rebuild_takes_every_block_parked_ones_included(
+    monkeypatch: pytest.MonkeyPatch, to: int
+) -> None:
+    """The new instance gets the tier's blocks from the old instance itself (no set of
+    them is kept beside it): the held ones, parked there by a search, first."""
+    _small_samples(monkeypatch)
+    policy = make_policy("leader", 8)
+    assert isinstance(policy, LeaderPolicy) and policy.sample_rate > 1
+    keys = [block_key(i) for i in range(8)]
+    policy.add_all(keys)
+    held = {keys[0], keys[1], keys[5]}
+    assert policy.choose_victims(1, held.__contains__, (), ()) == [keys[2]]  # parks 0, 1
+    policy._tier.lead(policy._shadows[to])
+    victims = policy.choose_victims(5, held.__contains__, (), ())  # rebuilds, then asks
+    assert policy.follows == ("lru", "arc", "slru")[to]
+    assert sorted(policy._tier.policy.keys()) == keys and len(policy) == 8
+    assert victims == [keys[2], keys[3], keys[4], keys[6], keys[7]]
+    policy.touch(keys[6], True)  # a reuse: to T2 / protected, the second segment
+    assert keys[6] in policy._tier.policy and block_key(8) not in policy._tier.policy
+    held.add(keys[6])  # held blocks in both segments
+    policy._tier.lead(policy._shadows[0])  # back to lru: its instance from both segments
+    victims = policy.choose_victims(4, held.__contains__, (), ())
+    assert policy.follows == "lru"
+    assert sorted(policy._tier.policy.keys()) == keys and len(policy) == 8
+    assert victims == [keys[2], keys[3], keys[4], keys[7]]

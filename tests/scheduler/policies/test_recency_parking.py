@@ -107,7 +107,7 @@ def test_a_stored_batch_released_while_blocks_are_parked_is_released_whole() -> 
     is still released and offered."""
     rl = parked_list("p")  # p parked: later batches are noted
     rl.add_all(["a", "b"])
-    assert list(rl._fresh) == [("a", "b")]
+    assert list(rl._fresh.values()) == [["a", "b"]]
     rl.release_all(["a", "b"])  # the usual store: nothing parked to release
     assert rl._fresh == {} and order(rl, {"p"}) == ["a", "b"]
     rl.add_all(["c", "d"])
@@ -126,17 +126,31 @@ def test_a_batch_released_in_another_order_or_in_part_is_looked_up() -> None:
     rl.add_all(["a", "b", "c"])
     rl.release_all(["c", "b", "a"])  # not the noted batch: each key looked up
     rl.release_all(["a", "b"])
-    assert list(rl._fresh) == [("a", "b", "c")]
+    assert list(rl._fresh.values()) == [["a", "b", "c"]]
     rl.release("p")
     assert order(rl) == ["p", "a", "b", "c"]
 
 
+def test_a_batch_named_like_a_note_but_holding_a_parked_key_releases_it() -> None:
+    """A note is found by its batch's first and last key and length, and used only
+    when the released batch is the same list of keys."""
+    rl = parked_list("p", "q")
+    rl.add_all(["a", "b", "c"])
+    rl.release_all(["a", "p", "c"])  # the note's first, last and length, not its keys
+    assert order(rl) == ["p", "a", "b", "c"]  # p released; q still held back
+    rl.add_all(["d", "e"])
+    rl.release_all(("d", "e"))  # the noted keys as a tuple: the same batch
+    assert rl._fresh == {}
+    rl.add_all([])  # nothing to note
+    assert rl._fresh == {}
+
+
 def test_notes_are_kept_for_the_last_batches_only() -> None:
     rl = parked_list("p")
-    batches = [(f"k{i}",) for i in range(FRESH_BATCHES + 3)]
+    batches = [[f"k{i}"] for i in range(FRESH_BATCHES + 3)]
     for batch in batches:
         rl.add_all(batch)
-    assert list(rl._fresh) == batches[3:]
+    assert list(rl._fresh.values()) == batches[3:]
     rl.release_all(batches[0])  # forgotten: looked up, and not parked
     assert order(rl, {"p"}) == [key for (key,) in batches]
 
@@ -148,4 +162,4 @@ def test_a_timed_list_notes_its_batches_too() -> None:
     assert rl._fresh == {}
     assert order(rl, {"p"}) == ["x"]
     rl.add_all(["a"])
-    assert list(rl._fresh) == [("a",)]
+    assert list(rl._fresh.values()) == [["a"]]

@@ -115,14 +115,19 @@ class ARCPolicy(SegmentedPolicy):
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
         p = self.p
-        b1, b2 = self._b1, self._b2
-        if b1.isdisjoint(incoming) and b2.isdisjoint(incoming):  # checked in C
+        if self._b1.isdisjoint(incoming) and self._b2.isdisjoint(incoming):  # in C
             self._no_ghosts = incoming  # add_all need not look again
         else:
             self._no_ghosts = None
             for new in incoming:  # only a returning ghost moves p
                 p = self._adapted(p, new)
-        fast = self._coldest(n, p, is_held, protected)
+        t1 = self._t1
+        n1 = len(t1)
+        k1 = min(n, n1 - p) if n1 > p else 0  # victims from T1 while |T1| > p
+        if k1 == n:  # all from T1: the usual case
+            fast = t1.coldest(n, is_held, protected)
+        else:
+            fast = self._coldest(n, k1, is_held, protected)
         if fast is not None:
             return fast
         from_t1 = self._t1.evictable(is_held, protected)
@@ -148,12 +153,11 @@ class ARCPolicy(SegmentedPolicy):
         return victims
 
     def _coldest(
-        self, n: int, p: int, is_held: IsHeld, protected: Collection[BlockHash]
+        self, n: int, k1: int, is_held: IsHeld, protected: Collection[BlockHash]
     ) -> list[BlockHash] | None:
-        """The victims when no list runs out of evictable blocks: T1's coldest while
-        ``|T1| > p``, then T2's; ``None`` if a list runs out (the caller walks)."""
-        n1 = len(self._t1)
-        k1 = max(0, min(n, n1 - p)) if n1 > 0 else 0
+        """The victims when no list runs out of evictable blocks: T1's ``k1`` coldest
+        (``|T1| - p`` at most), then T2's; ``None`` if a list runs out (the caller
+        walks)."""
         from_t1 = self._t1.coldest(k1, is_held, protected) if k1 else []
         from_t2 = self._t2.coldest(n - k1, is_held, protected) if n > k1 else []
         if from_t1 is None or from_t2 is None:
@@ -176,10 +180,16 @@ class ARCPolicy(SegmentedPolicy):
 
     def _trim_ghosts(self) -> None:
         c, b1, b2 = self.capacity, self._b1, self._b2
-        t1 = len(self._t1)
-        b1.pop_oldest(min(len(b1), t1 + len(b1) - c))
-        excess = t1 + len(self._t2) + len(b1) + len(b2) - 2 * c
+        t1, n_b1 = len(self._t1), len(b1)
+        drop = min(n_b1, t1 + n_b1 - c)
+        if drop > 0:
+            b1.pop_oldest(drop)
+            n_b1 -= drop
+        n_b2 = len(b2)
+        if not n_b2:  # |T1| + |B1| <= c and |T2| <= c: the total is within 2c
+            return
+        excess = t1 + len(self._t2) + n_b1 + n_b2 - 2 * c
         if excess > 0:  # from B2, then B1 once B2 is empty
-            from_b2 = min(excess, len(b2))
+            from_b2 = min(excess, n_b2)
             b2.pop_oldest(from_b2)
             b1.pop_oldest(excess - from_b2)

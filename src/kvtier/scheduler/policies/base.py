@@ -22,7 +22,7 @@ Adding a policy is one file: subclass, implement these, and register it in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence, Set
+from collections.abc import Callable, Collection, Iterator, Sequence, Set
 
 from kvtier.blocks import BlockHash
 
@@ -48,8 +48,13 @@ class HeldBlocks:
         return key in self._pinned or key in self._storing
 
     def any_of(self, keys: Collection[object]) -> bool:
-        """Whether some of ``keys`` is held."""
-        return not (self._storing.isdisjoint(keys) and self._pinned.isdisjoint(keys))
+        """Whether some of ``keys`` is held. An empty set is not asked: ``isdisjoint``
+        of a set and a list hashes and looks up every key even when the set is empty
+        (no stores in flight, or no pins: the usual case for one of the two)."""
+        storing, pinned = self._storing, self._pinned
+        return bool(
+            (storing and not storing.isdisjoint(keys)) or (pinned and not pinned.isdisjoint(keys))
+        )
 
 
 class EvictionPolicy(ABC):
@@ -124,4 +129,13 @@ class EvictionPolicy(ABC):
         """Commit the eviction of blocks returned by ``choose_victims``."""
 
     def __len__(self) -> int:  # pragma: no cover - each policy overrides
+        raise NotImplementedError
+
+    def __contains__(self, key: object) -> bool:  # pragma: no cover - overridden
+        """Whether ``key`` is one of the policy's blocks (``lru``, ``arc``, ``slru``
+        and ``adaptive`` answer it: the leader's sampled tier asks its policy)."""
+        raise NotImplementedError
+
+    def keys(self) -> Iterator[BlockHash]:  # pragma: no cover - overridden likewise
+        """The policy's blocks, each once, in no particular order."""
         raise NotImplementedError

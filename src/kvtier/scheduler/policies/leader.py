@@ -38,7 +38,7 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   blocks, held ones first, then the others in the old instance's eviction order (as
   if each had been stored once, in that order: no ghosts, nothing protected yet).
   O(capacity), at most once per decision; touch and eviction cost the policy's own
-  plus a set of the tier's keys.
+  (the instance's blocks are the tier's: no set of them is kept beside it).
 
 Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
 proportional to the blocks evicted, not to the blocks pinned (a rebuilt instance
@@ -228,12 +228,13 @@ class _Rebuilt(EvictionPolicy):
 
     def __init__(self, capacity: int, leader: _Shadow) -> None:
         super().__init__(capacity)
+        # The tier's blocks are the instance's (no set of them beside it: that cost a
+        # set insert and delete per stored and evicted block).
         self.policy = type(leader.policy)(capacity)
-        self._resident: set[BlockHash] = set()
         self._next: type[EvictionPolicy] | None = None  # a leader not yet taken on
 
     def __len__(self) -> int:
-        return len(self._resident)
+        return len(self.policy)
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -253,8 +254,8 @@ class _Rebuilt(EvictionPolicy):
         self._next = None if cls is type(self.policy) else cls
 
     def _rebuild(self, cls: type[EvictionPolicy], is_held: IsHeld) -> None:
-        held = sorted(filter(is_held, self._resident))  # sorted: a fixed order
-        free = len(self._resident) - len(held)
+        held = sorted(filter(is_held, self.policy.keys()))  # sorted: a fixed order
+        free = len(self.policy) - len(held)
         order = self.policy.choose_victims(free, is_held, (), ()) if free else []
         assert order is not None, "every block that is not held can be evicted"
         policy = cls(self.capacity)
@@ -263,15 +264,13 @@ class _Rebuilt(EvictionPolicy):
         self._next = None
 
     def add(self, key: BlockHash) -> None:
-        self._resident.add(key)
         self.policy.add(key)
 
     def add_all(self, keys: Sequence[BlockHash]) -> None:
-        self._resident.update(keys)
         self.policy.add_all(keys)
 
     def touch(self, key: BlockHash, reused: bool) -> None:
-        if key in self._resident:  # an absent key is ignored, whatever the leader
+        if key in self.policy:  # an absent key is ignored, whatever the leader
             self.policy.touch(key, reused)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
@@ -279,7 +278,6 @@ class _Rebuilt(EvictionPolicy):
 
     def remove(self, key: BlockHash) -> None:
         self.policy.remove(key)
-        self._resident.remove(key)
 
     def release(self, key: BlockHash) -> None:
         self.policy.release(key)
@@ -300,7 +298,6 @@ class _Rebuilt(EvictionPolicy):
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         self.policy.evict(victims)
-        self._resident.difference_update(victims)
 
 
 class LeaderPolicy(EvictionPolicy):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -20,6 +20,12 @@ class LRUPolicy(EvictionPolicy):
 
     def __len__(self) -> int:
         return len(self._list)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._list
+
+    def keys(self) -> Iterator[BlockHash]:
+        return self._list.keys()
 
     def add(self, key: BlockHash) -> None:
         self._list.add(key)
@@ -52,4 +58,6 @@ class LRUPolicy(EvictionPolicy):
         return self._list.coldest(n, is_held, protected)
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        self._list.remove_all(victims)
+        missing = self._list.remove_found(victims)
+        if missing:
+            raise KeyError(missing[0])

@@ -8,7 +8,8 @@ proportional to the blocks evicted.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from itertools import chain
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -29,6 +30,12 @@ class SegmentedPolicy(EvictionPolicy):
 
     def __len__(self) -> int:
         return sum(len(segment) for segment in self._segments)
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in segment for segment in self._segments)
+
+    def keys(self) -> Iterator[BlockHash]:
+        return chain.from_iterable(segment.keys() for segment in self._segments)
 
     def _segment(self, key: BlockHash) -> RecencyList[BlockHash]:
         for segment in self._segments:  # a plain loop: this runs once per block moved

@@ -48,8 +48,9 @@ class TimedRecencyList(RecencyList[K]):
         self._order[key] = next(self._clock)
 
     def add_all(self, keys: Sequence[K]) -> None:
-        # zip takes a key before a time, so the clock is not advanced past the keys.
-        self._order.update(zip(keys, self._clock, strict=False))
+        # map takes a key before a time, so the clock is not advanced past the keys;
+        # ``setdefault`` of a new key is an insert, without update's tuple per key.
+        deque(map(self._order.setdefault, keys, self._clock), maxlen=0)
         if self._parked:
             self._note_fresh(keys)
 
