@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
+
+from tree_rounds import alternate, commit_of
 
 CASES = ((8192, 16), (16384, 16), (65536, 16), (8192, 64), (8192, 256))
 REPEATS = 300
@@ -221,30 +222,7 @@ def main() -> None:
     sys.path.insert(0, new_src)
     from kvtier.results import git_commit, machine_info
 
-    def commit_of(src: str) -> str:
-        return subprocess.run(
-            ["git", "-C", src, "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-
-    rounds = []
-    loads = [os.getloadavg()[0]]
-    for k in range(rounds_n):
-        for tree in ("base", "new") if k % 2 == 0 else ("new", "base"):
-            env = dict(os.environ, PYTHONPATH=base_src if tree == "base" else new_src)
-            proc = subprocess.run(
-                [sys.executable, __file__, "--child"],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-            rounds.append({"tree": tree, "round": k, "cases": json.loads(line[7:])})
-            loads.append(os.getloadavg()[0])
-            print(f"round {k} {tree} done, load {loads[-1]:.2f}", flush=True)
+    rounds, loads = alternate(__file__, [], base_src, new_src, rounds_n)
     summary = summarize(rounds)
     result = {
         "benchmark": "hostcopy_fixed",
