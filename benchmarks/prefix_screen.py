@@ -66,6 +66,29 @@ from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.sim.replay import replay
 
 
+def learn_shared(
+    keys: Sequence[BlockHash],
+    kids: dict[BlockHash, set[BlockHash]],
+    shared: set[BlockHash],
+    need: int,
+) -> list[BlockHash]:
+    """Learn one lookup's prefix structure: record each key's next key (up to ``need``
+    different ones), and mark as shared every key up to the deepest branching point
+    (a key with ``need`` next keys, or one already shared). Returns the keys it newly
+    marked, in request order."""
+    deepest = -1
+    for i in range(len(keys) - 1):
+        key = keys[i]
+        seen = kids.setdefault(key, set())
+        if len(seen) < need:
+            seen.add(keys[i + 1])
+        if len(seen) >= need or key in shared:
+            deepest = i
+    new = [key for key in keys[: deepest + 1] if key not in shared]
+    shared.update(new)
+    return new
+
+
 class BranchLRU(EvictionPolicy):
     """LRU with shared-prefix blocks protected up to ``SHARE`` of the tier."""
 
@@ -87,21 +110,10 @@ class BranchLRU(EvictionPolicy):
         return len(self.u) + len(self.s)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        kids, shared, need = self.kids, self.shared, self.KIDS
-        deepest = -1
-        for i in range(len(keys) - 1):
-            key = keys[i]
-            seen = kids.setdefault(key, set())
-            if len(seen) < need:
-                seen.add(keys[i + 1])
-            if len(seen) >= need or key in shared:
-                deepest = i
-        for key in keys[: deepest + 1]:
-            if key not in shared:
-                shared.add(key)
-                if key in self.u:
-                    del self.u[key]
-                    self.s[key] = None
+        for key in learn_shared(keys, self.kids, self.shared, self.KIDS):
+            if key in self.u:
+                del self.u[key]
+                self.s[key] = None
 
     def _list(self, key: BlockHash) -> OrderedDict[BlockHash, None]:
         return self.s if key in self.shared else self.u
@@ -182,21 +194,10 @@ class BranchOver(EvictionPolicy):
         return len(self.resident)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        kids, shared, need = self.kids, self.shared, self.KIDS
-        deepest = -1
-        for i in range(len(keys) - 1):
-            key = keys[i]
-            seen = kids.setdefault(key, set())
-            if len(seen) < need:
-                seen.add(keys[i + 1])
-            if len(seen) >= need or key in shared:
-                deepest = i
-        for key in keys[: deepest + 1]:
-            if key not in shared:
-                shared.add(key)
-                if key in self.resident:
-                    self.inner.remove(key)
-                    self.s[key] = None
+        for key in learn_shared(keys, self.kids, self.shared, self.KIDS):
+            if key in self.resident:
+                self.inner.remove(key)
+                self.s[key] = None
         self.inner.observe(keys)
 
     def add(self, key: BlockHash) -> None:
@@ -453,16 +454,7 @@ class ObserveLRU(LRUPolicy):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if keys:
             self.roots.add(keys[0])
-        kids, shared, need = self.kids, self.shared, self.KIDS
-        deepest = -1
-        for i in range(len(keys) - 1):
-            key = keys[i]
-            seen = kids.setdefault(key, set())
-            if len(seen) < need:
-                seen.add(keys[i + 1])
-            if len(seen) >= need or key in shared:
-                deepest = i
-        shared.update(keys[: deepest + 1])
+        learn_shared(keys, self.kids, self.shared, self.KIDS)
 
 
 PROTOTYPES: dict[str, type[EvictionPolicy]] = {
