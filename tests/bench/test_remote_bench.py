@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from kvtier.bench.remote import fill_keyspace, redis_benchmark, rounds_for
 from kvtier.cli import main
 
@@ -40,15 +38,27 @@ def test_bench_remote_writes_its_json(tmp_path: Path) -> None:
             r["redis_benchmark_p1_gbps_runs"],
             strict=True,
         )
-        expected = [k / max(d, s) for k, d, s in runs]
         assert len(r["ratio_runs"]) == 3
-        for got, want in zip(r["ratio_runs"], expected, strict=True):
-            assert got == pytest.approx(want, rel=0.01, abs=0.002)  # (both rounded)
-        spread = (max(r["ratio_runs"]) - min(r["ratio_runs"])) / sorted(r["ratio_runs"])[1]
-        assert r["ratio_spread"] == pytest.approx(spread, rel=0.01, abs=0.002)
+        for got, (k, d, s) in zip(r["ratio_runs"], runs, strict=True):
+            assert_rounded_quotient(got, k, max(d, s))
+        ratios = sorted(r["ratio_runs"])
+        assert_rounded_quotient(r["ratio_spread"], ratios[2] - ratios[0], ratios[1], top_error=2)
         assert r["redis_benchmark_one_key_gbps"] > 0
-        one_key = r["kvtier_gbps"] / r["redis_benchmark_one_key_gbps"]
-        assert abs(r["ratio_one_key"] - one_key) <= 0.002 + 0.01 * one_key  # (both rounded)
+        assert_rounded_quotient(
+            r["ratio_one_key"], r["kvtier_gbps"], r["redis_benchmark_one_key_gbps"]
+        )
+
+
+HALF = 0.0005  # every figure in the JSON is rounded to 3 decimals
+
+
+def assert_rounded_quotient(got: float, top: float, bottom: float, top_error: int = 1) -> None:
+    """``got`` is round(a / b, 3) for some a within ``top_error`` half-units of ``top``
+    and some b within one of ``bottom``: the exact interval, so a wrong formula fails while
+    the rounding of the JSON's own inputs never does."""
+    lo = max(0.0, top - top_error * HALF) / (bottom + HALF)
+    hi = (top + top_error * HALF) / (bottom - HALF)
+    assert lo - HALF - 1e-12 <= got <= hi + HALF + 1e-12, (got, lo, hi)
 
 
 def test_rounds_make_the_fastest_pass_last_the_time_asked() -> None:
