@@ -350,22 +350,52 @@ def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
         s.close()
 
 
-def test_a_forked_child_does_not_take_its_parents_idle_connections(
-    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: threads
+def test_a_forked_child_starts_afresh_while_a_parent_thread_holds_the_lock(
+    server: RedisServer,
 ) -> None:
-    """After a fork (another process id) a batch gets a connection of its own, never
-    the idle socket the parent shares with it."""
+    """A child forked while another thread of the parent holds ``Connections``' lock
+    (which that thread never releases in the child) loads its blocks, on a connection
+    of its own, never the idle socket the parent shares with it."""
     s = open_store(server, max_connections=4)
     keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
+    held, release = threading.Event(), threading.Event()
     try:
         s.write_many(keys, data)
         link = s._connect()
         with link.owned() as conn:
-            parents = conn
-        parent_pid = os.getpid()
-        monkeypatch.setattr(os, "getpid", lambda: parent_pid + 1)
-        with link.owned() as conn:
-            assert conn is not parents
-        assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 2
+            parents = conn  # parked idle now
+
+        def hold() -> None:
+            with link._lock:
+                held.set()
+                release.wait()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(30)
+        pid = os.fork()
+        if pid == 0:  # the child: only this thread, the lock still taken in its memory
+            code = 1
+            try:
+                with link.owned() as conn:
+                    fresh = conn is not parents
+                outcomes, outs = read_back(s, keys)
+                if fresh and outcomes == [ReadOutcome.HIT] * 2 and np.array_equal(outs, data):
+                    code = 0
+            finally:
+                os._exit(code)
+        release.set()
+        holder.join()
+        deadline = time.monotonic() + 60
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the lock its parent's thread held")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 2  # the parent's link still works
     finally:
+        release.set()
         s.close()

@@ -25,6 +25,7 @@ import select
 import socket
 import ssl
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,10 +117,12 @@ class Connections:
     per batch on one thread (its queue, its metrics hooks, a ``can_read`` poll) and
     more with four threads contending for its lock; ``owned`` takes an idle
     connection off a stack under a plain lock and checks it with one ``poll`` of
-    zero timeout. A forked child never takes its parent's idle connections (redis-py's
-    pool makes the same check). At most ``max_connections - 1`` idle connections are
-    kept, so the
-    pool always has one left (or gets one back soon) for redis-py's own commands
+    zero timeout. In a forked child (``os.fork``) every ``Connections`` starts afresh
+    (``_after_fork``): a new lock, since another thread of the parent may have held
+    the old one at the fork and would never release it in the child, and no idle
+    connections, since their sockets are the parent's (left open for it, as redis-py
+    leaves its pool's). At most ``max_connections - 1`` idle connections are kept, so
+    the pool always has one left (or gets one back soon) for redis-py's own commands
     (``EXISTS``, ``DEL``, ``PING``), which take theirs from the pool.
 
     Attributes:
@@ -133,7 +136,13 @@ class Connections:
         self._keep = max_connections - 1
         self._waiting = 0  # threads blocked in the pool for a connection
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock, no idle connections, nobody waiting (the
+        threads that held or waited on them are not in the child)."""
+        self._lock = threading.Lock()
+        self._idle, self._waiting = [], 0
 
     @contextlib.contextmanager
     def owned(self) -> Iterator[Any]:
@@ -156,8 +165,6 @@ class Connections:
     def _take(self) -> Any:
         while True:
             with self._lock:
-                if self._pid != os.getpid():  # a forked child: the sockets are the parent's
-                    self._idle, self._pid = [], os.getpid()  # left alone, as redis-py does
                 conn = self._idle.pop() if self._idle else None
                 if conn is None:
                     self._waiting += 1  # under the lock: no connection is parked idle now
@@ -182,6 +189,18 @@ class Connections:
                 self._pool.release(conn)
             # A client over a pool it was given does not close that pool's sockets.
             self._pool.disconnect()
+
+
+_LIVE: weakref.WeakSet[Connections] = weakref.WeakSet()
+"""Every ``Connections`` alive, for ``_after_fork_in_child``."""
+
+
+def _after_fork_in_child() -> None:
+    for conns in list(_LIVE):
+        conns._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _ready(sock: Any) -> bool:
