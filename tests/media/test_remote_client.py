@@ -1,17 +1,20 @@
 """The wire pieces of the remote tier, without a server: ``ValuePacker`` packs what
-redis-py's own packer packs, and ``ReplyReader`` reads replies however the kernel
-splits them."""
+redis-py's own packer packs, ``ReplyReader`` reads replies however the kernel
+splits them, and loads keep their window of requests."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from redis.connection import Encoder, PythonRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from kvtier.media import block_format, remote_values
 from kvtier.media.redis_client import BlockValue, ReplyReader, ValuePacker, send_buffers
 
 
@@ -203,3 +206,109 @@ def test_send_buffers_sends_every_byte_in_order_through_partial_sends() -> None:
     t.join()
     b.close()
     assert got == joined(buffers)
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+@pytest.mark.parametrize("step", [1, 5, 97, 4096, 1 << 20])
+def test_read_into_fills_several_views_in_order_across_any_split(step: int, scatter: bool) -> None:
+    """A header, a payload and a CRLF in one call (``receive``'s use), some smaller and
+    some larger than the read buffer, an empty one among them; then the next reply."""
+    rng = np.random.default_rng(2)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (40, 0, 9000, 2, 70)]
+    data = b"".join(parts) + b"$1\r\nx\r\n"
+    sock, t = serve(data, step)
+    reader = ReplyReader(sock if scatter else RecvOnly(sock), buffer_bytes=64)
+    outs = [bytearray(len(p)) for p in parts]
+    reader.read_into(*(memoryview(o) for o in outs))
+    assert outs == parts
+    assert reader.line() == b"$1"
+    t.join()
+    sock.close()
+
+
+class WindowSocket:
+    """A connection's socket to a server that answers ``GET`` with the stored block of
+    that key, checking that the client never has more than ``window`` requests
+    unanswered (counted in replies not yet wholly received) and never reads a reply
+    it did not ask for. Replies come ``step`` bytes at most per read."""
+
+    def __init__(self, values: dict[bytes, bytes], window: int, step: int) -> None:
+        self.values, self.window, self.step = values, window, step
+        self.asked: list[bytes] = []
+        self.out = bytearray()  # the replies to what was asked, in order
+        self.ends: list[int] = []  # where each reply ends in ``out``
+        self.sent = 0  # bytes of ``out`` received by the client
+
+    def sendall(self, data: bytes) -> None:
+        parts = bytes(data).split(b"\r\n")
+        while parts and parts[0]:
+            assert parts[:3] == [b"*2", b"$3", b"GET"], parts[:3]
+            name = parts[4]
+            parts = parts[5:]
+            value = self.values[name]
+            self.asked.append(name)
+            self.out += b"$%d\r\n%s\r\n" % (len(value), value)
+            self.ends.append(len(self.out))
+            answered = sum(end <= self.sent for end in self.ends)
+            assert len(self.asked) - answered <= self.window, "more requests outstanding"
+
+    def _take(self, room: int) -> bytes:
+        n = min(room, self.step, len(self.out) - self.sent)
+        assert n > 0, "a read of a reply that was never asked for (it would wait forever)"
+        self.sent += n
+        return bytes(self.out[self.sent - n : self.sent])
+
+    def recv_into(self, view: memoryview) -> int:
+        got = self._take(len(view))
+        view[: len(got)] = got
+        return len(got)
+
+    def recvmsg_into(self, views: list[memoryview]) -> tuple[int, list, int, None]:
+        got = self._take(sum(len(v) for v in views))
+        at = 0
+        for v in views:
+            n = min(len(v), len(got) - at)
+            v[:n] = got[at : at + n]
+            at += n
+        return len(got), [], 0, None
+
+
+class OneConnection:
+    """``Connections`` with one connection over ``sock``."""
+
+    def __init__(self, sock: WindowSocket) -> None:
+        self.conn = type("Conn", (), {"_sock": sock})()
+
+    @contextlib.contextmanager
+    def owned(self) -> Iterator[object]:
+        yield self.conn
+
+
+@pytest.mark.parametrize("step", [7, 1 << 20])
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+@pytest.mark.parametrize("value_bytes", [1000, 200_000, 400_000])
+def test_loads_keep_at_most_the_window_outstanding_and_ask_each_key_once(
+    value_bytes: int, count: int, step: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``get_into_pages`` asks for every key once, in order, with never more than
+    ``get_window`` requests unanswered (windows of 1, 2 and all), and reads every
+    block back whole."""
+    monkeypatch.setattr(remote_values, "WINDOW_BYTES", 500_000)
+    window = remote_values.get_window(value_bytes)
+    assert window == {1000: 500, 200_000: 2, 400_000: 1}[value_bytes]
+    fp = b"\x09" * 32
+    rng = np.random.default_rng(value_bytes + count)
+    pages = rng.integers(0, 256, (count, value_bytes), dtype=np.uint8)
+    keys = [bytes([i]) * 32 for i in range(count)]
+    names = [b"name-%d" % i for i in range(count)]
+    values = {
+        n: block_format.encode_header(k, fp, p.data) + p.tobytes()
+        for n, k, p in zip(names, keys, pages, strict=True)
+    }
+    sock = WindowSocket(values, window, step)
+    outs = np.zeros_like(pages)
+    batch = list(zip(keys, names, outs, strict=True))
+    got = remote_values.get_into_pages(OneConnection(sock), fingerprint=fp, batch=batch)  # type: ignore[arg-type]
+    assert got == [remote_values.ReadOutcome.HIT] * count
+    assert sock.asked == names and sock.sent == len(sock.out)
+    assert np.array_equal(outs, pages)

@@ -336,6 +336,7 @@ class ReplyReader:
         self._buf = bytearray(buffer_bytes)
         self._start = 0
         self._end = 0
+        self._scatter = _scatters(sock)
 
     def fill(self) -> None:
         """One ``recv`` into the buffer (at least a byte; as the socket's mark allows)."""
@@ -378,38 +379,53 @@ class ReplyReader:
         self._start += n
         return True
 
-    def read_into(self, view: memoryview) -> None:
-        """Exactly ``len(view)`` bytes of the stream into ``view``.
+    def read_into(self, *views: memoryview) -> None:
+        """Exactly the bytes of ``views``, in order, from the stream (a value's header,
+        its payload and its CRLF in one call).
 
-        Bytes that fit in the read buffer (a header, a CRLF) go through it: one
-        ``recv`` then brings what follows too. A larger ``view`` gets what is buffered,
-        then the rest straight from the socket, scattered (``recvmsg_into``) into
-        ``view`` and on into the emptied read buffer: the same system call brings the
-        value's CRLF and the next reply's line and header (at most ``SCATTER_TAIL``
-        bytes: the next value's payload is better read straight into its own page).
-        On the development VM that made a 256 KiB load 1.2-1.7 ``recv`` calls per value
-        instead of 3.
+        What is buffered is copied first. If the rest fits in the read buffer (a
+        header, a CRLF) it goes through it: one ``recv`` then brings what follows too.
+        A larger rest is read straight from the socket, scattered (``recvmsg_into``)
+        into the views and on into the emptied read buffer: the same system call
+        brings the value's CRLF and the next reply's line and header (at most
+        ``SCATTER_TAIL`` bytes past the views: the next value's payload is better read
+        straight into its own page). On the development VM that made a 256 KiB load
+        1.2-1.7 ``recv`` calls per value instead of 3.
         """
-        if len(view) <= len(self._buf):
-            while self._end - self._start < len(view):
-                self.fill()
-        n = min(len(view), self._end - self._start)
-        view[:n] = memoryview(self._buf)[self._start : self._start + n]  # one copy
-        self._start += n
-        scatter = n < len(view) and _scatters(self._sock)
-        while n < len(view):
-            if scatter:  # everything buffered was taken: the buffer is free
-                self._start = self._end = 0
-                tail = memoryview(self._buf)[:SCATTER_TAIL]
-                got = self._sock.recvmsg_into([view[n:], tail])[0]
+        rest = list(views)
+        while rest and self._end > self._start:  # what is buffered, one copy
+            v = rest[0]
+            n = min(len(v), self._end - self._start)
+            v[:n] = memoryview(self._buf)[self._start : self._start + n]
+            self._start += n
+            if n == len(v):
+                del rest[0]
             else:
-                got = self._sock.recv_into(view[n:])
+                rest[0] = v[n:]
+        if not rest:
+            return
+        want = sum(len(v) for v in rest)
+        if want <= len(self._buf):  # small: through the read buffer
+            self._start = self._end = 0
+            while self._end < want:
+                self.fill()
+            self.read_into(*rest)
+            return
+        self._start = self._end = 0  # everything buffered was taken: the buffer is free
+        tail = [memoryview(self._buf)[:SCATTER_TAIL]] if self._scatter else []
+        while rest:
+            if self._scatter:
+                got = self._sock.recvmsg_into(rest + tail)[0]
+            else:
+                got = self._sock.recv_into(rest[0])
             if not got:
                 raise RedisConnectionError("the server closed the connection mid-reply")
-            if got > len(view) - n:  # the rest went on into the read buffer
-                self._end = got - (len(view) - n)
-                got = len(view) - n
-            n += got
+            while rest and got >= len(rest[0]):
+                got -= len(rest.pop(0))
+            if rest:
+                rest[0] = rest[0][got:]
+            else:
+                self._end = got  # the rest went on into the read buffer
 
     def skip(self, nbytes: int) -> None:
         """Discard ``nbytes`` of the stream."""

@@ -12,7 +12,9 @@ tenants do not either (the cache salt is inside the block key). ``v1`` names thi
 layout of keys and values; any change to either is a new prefix.
 
 Every batch (``write_many``, ``read_many_into``, ``exists_many``, ``delete_many``) is
-one pipeline: one round trip per ``batch_bytes`` of values (per node, on a cluster).
+one pipeline per ``batch_bytes`` of values (per node, on a cluster) on one connection;
+a single node's loads keep only a window of ``GET`` outstanding on it
+(``remote_values.get_window``).
 Any error or timeout fails the batch with ``TransferError`` and marks the store
 unhealthy in its ``CircuitBreaker``: it is not contacted again until the backoff
 expires, and meanwhile every call fails at once. A value that fails verification is

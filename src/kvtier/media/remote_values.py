@@ -14,9 +14,12 @@ benchmark's setting, side by side (``docs/remote.md``).
 
 Reading, two paths, one outcome per key (``ReadOutcome``):
 
-* ``get_into_pages`` (single node): pipelined ``GET`` on one connection, each reply
-  read by ``ReplyReader`` straight into its page, then verified in place (its header
-  compared with the one kvtier writes for those bytes; decoded only if it differs);
+* ``get_into_pages`` (single node): ``GET`` on one connection, a window of requests
+  outstanding (``get_window``: two of 256 KiB, one of 1 MiB; the next sent as a reply
+  is read, so the server never holds a whole batch of replies), each reply read by
+  ``ReplyReader`` straight into its page (header, payload and CRLF in one call), then
+  verified in place (its header compared with the one kvtier writes for those bytes;
+  decoded only if it differs);
 * ``accept`` (cluster, where redis-py's cluster pipeline returns ``bytes``): verify a
   fetched value, then copy its payload into the page.
 
@@ -140,11 +143,39 @@ def _set_reply(line: bytes) -> ResponseError | None:
 def get_into_pages(
     conns: Connections, *, fingerprint: bytes, batch: list[tuple[bytes, bytes, np.ndarray]]
 ) -> list[ReadOutcome]:
-    """Pipelined GETs on one connection of ``conns``, each value read into its page."""
+    """``GET`` each of ``batch`` on one connection of ``conns``, each value read into its
+    page; at most ``get_window`` requests outstanding (the next one sent as a reply is
+    about to be read)."""
+    gets = [_GET % (len(name), name) for _, name, _ in batch]
+    window = get_window(max(dest.nbytes for _, _, dest in batch))
     with conns.owned() as conn:
-        conn.send_packed_command(conn.pack_commands([("GET", name) for _, name, _ in batch]))
-        reader = ReplyReader(conn._sock)  # see ReplyReader: we own the connection
-        return [receive(reader, fingerprint, key, dest) for key, _, dest in batch]
+        sock = conn._sock  # see ReplyReader: we own the connection
+        sock.sendall(b"".join(gets[:window]))
+        reader = ReplyReader(sock)
+        outcomes = []
+        for i, (key, _, dest) in enumerate(batch):
+            if 0 < i <= len(batch) - window:  # the next request, as reply i is read
+                sock.sendall(gets[i + window - 1])
+            outcomes.append(receive(reader, fingerprint, key, dest))
+        return outcomes
+
+
+_GET = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n"
+
+WINDOW_BYTES = 512 << 10
+"""Value bytes a load keeps requested ahead on one connection (at least one value)."""
+
+
+def get_window(value_bytes: int) -> int:
+    """``GET`` requests outstanding per connection for values of ``value_bytes``.
+
+    Redis answers every ``GET`` it has read at once, copying each value into the
+    connection's reply buffers, and writes them out as the socket takes them: a batch
+    of 8 values of 256 KiB held 2 MiB per connection in the server's buffers, long out
+    of its caches by the time they were written. With one or two requests outstanding
+    the server's CPU per GB fell by a quarter (``docs/remote.md``).
+    """
+    return max(1, WINDOW_BYTES // max(1, value_bytes))
 
 
 def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarray) -> ReadOutcome:
@@ -166,8 +197,7 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
         reader.skip(length + 2)
         return _reject(key, dest, f"value of {length} bytes, expected {size + dest.nbytes}")
     header, crlf = bytearray(size), bytearray(2)
-    for part in (memoryview(header), dest.data, memoryview(crlf)):
-        reader.read_into(part)
+    reader.read_into(memoryview(header), dest.data, memoryview(crlf))
     if crlf != b"\r\n":
         raise RedisConnectionError("a bulk reply not ended by CRLF")
     # The header kvtier writes for these payload bytes under this key and model: a

@@ -2,8 +2,8 @@
 
 Runs in the worker process. ``transfer_async`` validates the spec in the caller's
 thread and hands the whole job to the direction's thread pool as one task: one
-pipelined batch (``RemoteStore.write_many`` / ``read_many_into``), one round trip per
-``batch_bytes``. ``io_threads`` jobs are in flight per direction, each on its own
+pipelined batch (``RemoteStore.write_many`` / ``read_many_into``) per ``batch_bytes``
+on one connection. ``io_threads`` jobs are in flight per direction, each on its own
 connection. ``get_finished`` reports jobs in submission order even when the pool
 finishes them out of order, each with per-job success and, on failure, why. Nothing a
 job does raises out of the handler: a dead or slow Redis, a miss and a corrupt value
