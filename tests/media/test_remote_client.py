@@ -312,3 +312,27 @@ def test_loads_keep_at_most_the_window_outstanding_and_ask_each_key_once(
     assert got == [remote_values.ReadOutcome.HIT] * count
     assert sock.asked == names and sock.sent == len(sock.out)
     assert np.array_equal(outs, pages)
+
+
+@pytest.mark.parametrize("px", [None, 7, 123_456_789])
+@pytest.mark.parametrize("count", [1, 3])
+def test_set_commands_are_what_redis_py_sends_without_copying_a_page(
+    count: int, px: int | None
+) -> None:
+    """``set_commands`` (the store path's own formatting) sends, byte for byte, what
+    redis-py's serializer sends for ``SET name header+page [PX px]``, each page as
+    itself."""
+    reference = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    rng = np.random.default_rng(count)
+    pages = [rng.integers(0, 256, 10_000 + i, dtype=np.uint8) for i in range(count)]
+    batch = [
+        (b"kvtier:v1:%d" % (10**i), BlockValue(b"H%d" % i * 30, p.data.cast("B")))
+        for i, p in enumerate(pages)
+    ]
+    ttl = () if px is None else ("PX", px)
+    expected = b"".join(
+        joined(reference.pack("SET", name, value.joined(), *ttl)) for name, value in batch
+    )
+    buffers = remote_values.set_commands(batch, px)
+    assert joined(buffers) == expected
+    assert [any(b is v.payload for b in buffers) for _, v in batch] == [True] * count

@@ -10,7 +10,7 @@ block value (``BlockValue``: header + the CPU page itself) goes to the socket wi
 being copied: redis-py's own packers copy a large value two or three times (into one
 ``bytes``, then into one protocol buffer), which cost a third of the store bandwidth.
 The store's own data path (``kvtier.media.remote_values``) skips redis-py's pipeline
-altogether on a single node: it packs with ``ValuePacker``, writes a whole batch with
+altogether on a single node: it formats its ``SET`` itself, writes a whole batch with
 ``send_buffers`` (one ``sendmsg`` per batch where the kernel takes it all) and reads
 the replies with ``ReplyReader``, on a connection ``Connections.owned`` keeps between
 batches. redis-py's cluster client does not pass a packer through to its nodes, so on

@@ -49,7 +49,6 @@ from kvtier.media.redis_client import (
     BlockValue,
     Connections,
     ReplyReader,
-    ValuePacker,
     send_buffers,
 )
 
@@ -81,11 +80,8 @@ def set_from_pages(
             connection closed before every reply came (nothing is known stored).
         OSError: the socket failed or timed out.
     """
-    packer = ValuePacker()
-    ttl = () if px is None else ("PX", px)
-    buffers = [b for name, value in batch for b in packer.pack("SET", name, value, *ttl)]
     with conns.owned() as conn:
-        send_buffers(conn._sock, buffers)  # see ReplyReader: we own the connection
+        send_buffers(conn._sock, set_commands(batch, px))  # see ReplyReader: we own it
         reader = ReplyReader(conn._sock, _SET_READ_BYTES)
         # one wake-up under the mark, then the rest at the usual mark of one byte: a
         # second read under it would wait for bytes that may never come (a batch
@@ -95,6 +91,28 @@ def set_from_pages(
         if reader.take_if(_OK * len(batch)):
             return [None] * len(batch)
         return [_set_reply(reader.line()) for _ in batch]
+
+
+def set_commands(batch: list[tuple[bytes, BlockValue]], px: int | None) -> list[Any]:
+    """The buffers of ``SET name value [PX px]`` for each of ``batch``, in RESP, no page
+    copied: per value, one ``bytes`` (the end of the previous command, this command's
+    head and the block header) and the page itself; then the last command's end.
+    Formatted here rather than by ``ValuePacker``'s generic loop: 3 us per value
+    instead of 9 on the development VM (0.02 CPU s/GB at 256 KiB)."""
+    end = b"\r\n"
+    if px is not None:
+        ms = b"%d" % px
+        end += b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ms), ms)
+    head = b"*%d\r\n$3\r\nSET\r\n" % (3 if px is None else 5)
+    out: list[Any] = []
+    before = b""
+    for name, value in batch:
+        size = len(value.header) + value.payload.nbytes
+        out += [b"%s%s$%d\r\n%s\r\n$%d\r\n%s" % (before, head, len(name), name, size, value.header)]
+        out.append(value.payload)
+        before = end
+    out.append(end)
+    return out
 
 
 _OK = b"+OK\r\n"
