@@ -10,7 +10,8 @@ kvtier\\b/import kvtier_base/g'`` over its ``.py`` files). Both clients write an
 the same pages under their own fingerprints on one ``redis-server``; passes alternate
 (base, new; stores, then loads) after one warm-up round; the figures are medians of
 ``repeats``. The client CPU is this process's (``time.process_time``: every thread),
-which a loaded machine disturbs far less than the wall-clock rate.
+which a loaded machine disturbs far less than the wall-clock rate. ``AB_MIB`` sets
+the MiB per pass (default 256), ``AB_OPS`` the operations (default ``store,load``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
 
 TOTAL = int(os.environ.get("AB_MIB", "256")) << 20
+OPS = os.environ.get("AB_OPS", "store,load").split(",")
+"""The operations measured (``AB_OPS``, comma separated: ``store``, ``load``)."""
 
 
 def client(package: str, url: str, fingerprint: bytes) -> Any:
@@ -77,8 +80,11 @@ def main() -> None:
         stores = {
             p: client(p, url, bytes([i + 1]) * 32) for i, p in enumerate(("kvtier_base", "kvtier"))
         }
+        if "store" not in OPS:  # the values the loads read, stored once
+            for store in stores.values():
+                write_in_threads(store.write_many, keys, pages, 2, 8)
         for t, d in shapes:
-            for op in ("store", "load"):
+            for op in OPS:
                 for rep in range(repeats + 1):
                     for package, store in stores.items():
                         got = measure(passes(store, keys, pages, t, d)[op], url)

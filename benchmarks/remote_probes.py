@@ -76,20 +76,26 @@ def write_in_threads(
     depth: int,
 ) -> None:
     """``write`` every key's page, ``depth`` values a call, from ``threads`` threads that
-    take the next batch as they finish one."""
+    take the next batch as they finish one; raises if any thread failed."""
     jobs = iter(batches(len(keys), depth))
     lock = threading.Lock()
+    errors: list[BaseException] = []
 
     def worker() -> None:
-        while True:
-            with lock:
-                job = next(jobs, None)
-            if job is None:
-                return
-            write([keys[i] for i in job], [pages[i] for i in job])
+        try:
+            while True:
+                with lock:
+                    job = next(jobs, None)
+                if job is None:
+                    return
+                write([keys[i] for i in job], [pages[i] for i in job])
+        except BaseException as e:  # a pass that failed must not be timed as done
+            errors.append(e)
 
     pool = [threading.Thread(target=worker) for _ in range(threads)]
     for t in pool:
         t.start()
     for t in pool:
         t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {threads} threads failed") from errors[0]
