@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
+import pytest
+
+from kvtier.bench import remote as remote_bench
 from kvtier.bench.remote import fill_keyspace, redis_benchmark, rounds_for
 from kvtier.cli import main
 
@@ -86,3 +90,22 @@ def test_the_reference_runs_over_the_keys_kvtier_writes(tmp_path: Path) -> None:
         assert client.keys("*") == [b"key:__rand_int__"]  # its default: one key
     finally:
         server.stop()
+
+
+def test_a_reference_pass_too_short_for_its_clock_is_run_again_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """redis-benchmark counts whole milliseconds: a pass under one reports ``inf``
+    requests per second (a default run failed on it). Such a pass is run again with
+    twice the values until it reports a rate, which is returned as bytes per second."""
+    asked: list[int] = []
+    answers = iter(["inf", "inf", "2500.00"])
+
+    def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        asked.append(int(cmd[cmd.index("-n") + 1]))
+        out = f'"test","rps","avg_latency_ms"\n"GET","{next(answers)}","0.1"\n'
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(remote_bench.subprocess, "run", run)
+    rate = redis_benchmark("redis://127.0.0.1:1/0", "get", 1000, 16, 16, 4, 2)
+    assert rate == 2500.0 * 1000 and asked == [16, 32, 64]
