@@ -241,3 +241,19 @@ TestRecencyQueueRebuilds = EagerRebuildMachine.TestCase
 TestRecencyQueueRebuilds.settings = SETTINGS
 TestRecencyQueueSmallRing = SmallRingMachine.TestCase
 TestRecencyQueueSmallRing.settings = SETTINGS
+
+
+def test_keys_chosen_then_touched_are_removed_from_where_they_are_now() -> None:
+    """``coldest`` vouches for the front entries it returns so that ``remove_found``
+    of that very list need not check them again; a touch in between kills one of
+    them, and the removal must then find the key's live entry, not take the dead one
+    off the front (which would leave the live entry behind: the key resurrected)."""
+    rl: RecencyList[str] = RecencyList()
+    rl.add_all(["a", "b", "c"])
+    victims = rl.coldest(2, frozenset().__contains__, ())
+    assert victims == ["a", "b"]
+    rl.touch("b")  # b's front entry is dead now; its live one is last
+    assert rl.remove_found(victims) == []
+    assert rl.ordered() == ["c"] and "b" not in rl and len(rl) == 1
+    rl.add("b")
+    assert rl.ordered() == ["c", "b"]
