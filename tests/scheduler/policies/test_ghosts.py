@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.policies import ghosts, ring
+from kvtier.scheduler.policies import ghosts
 from kvtier.scheduler.policies.ghosts import GhostList
 
 KEYS = st.sampled_from([BlockHash(bytes([i])) for i in range(6)])
@@ -61,11 +61,11 @@ class GhostMachine(RuleBasedStateMachine):
     @invariant()
     def dead_entries_are_counted_and_bounded(self) -> None:
         dead = sum(self.ghosts._stale.values())
-        q = self.ghosts._queue
-        assert len(list(q)) == len(q) == len(self.model) + dead
-        assert 0 <= q._head < len(q._ring) and q._size <= len(q._ring)
-        free = len(q._ring) - q._size  # the slots outside the queue hold no key
-        assert sum(k is None for k in q._ring) == free
+        g = self.ghosts
+        assert len(list(g._entries())) == g._size == len(self.model) + dead
+        assert 0 <= g._head < len(g._ring) and g._size <= len(g._ring)
+        free = len(g._ring) - g._size  # the slots outside the queue hold no key
+        assert sum(k is None for k in g._ring) == free
         self.most = max(getattr(self, "most", 0), len(self.model))
         assert dead <= self.most + ghosts.COMPACT_SLACK  # rebuilt past that
 
@@ -86,12 +86,12 @@ class SmallRingGhostMachine(GhostMachine):
     """The same in a ring of two slots at first, so that it wraps and grows often."""
 
     def __init__(self) -> None:
-        self._min_ring = ring.MIN_RING
-        ring.MIN_RING = 2
+        self._min_ring = ghosts.MIN_RING
+        ghosts.MIN_RING = 2
         super().__init__()
 
     def teardown(self) -> None:
-        ring.MIN_RING = self._min_ring
+        ghosts.MIN_RING = self._min_ring
 
 
 TestGhostList = GhostMachine.TestCase

@@ -2,7 +2,7 @@
 
 Runs in the scheduler; pure Python. The adaptive policy compares the coldest blocks
 of two lists by last use (``policies/adaptive.py``), so it needs every resident
-block's last-use time. Kept as the value of the key in the list's own dict of keys,
+block's last-use time. Kept as the value of the key in the list's own ``OrderedDict``,
 a time costs nothing more to store or drop than the key (a separate map cost a
 hash-table insert and delete per stored block, and one more write per touch)::
 
@@ -38,43 +38,45 @@ class TimedRecencyList(RecencyList[K]):
 
     def time(self, key: K) -> int:
         """The key's last-use time (it must be in the list, parked or not)."""
-        time = self._live.get(key)
+        time = self._order.get(key)
         if time is None:
             time = self._parked[key][1]
         assert time is not None, "every key of a timed list has a time"
         return time
 
     def add(self, key: K) -> None:
-        self._live[key] = next(self._clock)
-        self._queue.push(key)
+        self._order[key] = next(self._clock)
 
     def add_all(self, keys: Sequence[K]) -> None:
         # map takes a key before a time, so the clock is not advanced past the keys;
         # ``setdefault`` of a new key is an insert, without update's tuple per key.
-        deque(map(self._live.setdefault, keys, self._clock), maxlen=0)
-        self._queue.push_all(keys)
+        deque(map(self._order.setdefault, keys, self._clock), maxlen=0)
         if self._parked:
             self._note_fresh(keys)
 
     def touch(self, key: K) -> None:
-        super().touch(key)
-        self._live[key] = next(self._clock)
+        order = self._order
+        if key in order:
+            order.move_to_end(key)
+        else:
+            del self._parked[key]
+        order[key] = next(self._clock)
 
     def touch_all(self, keys: Sequence[K]) -> None:
         parked = self._parked
         if parked and not parked.keys().isdisjoint(keys):
             for key in keys:
                 self.touch(key)
-        else:  # the usual case: C-level passes
-            super().touch_all(keys)
+        else:  # the usual case: two C-level passes
+            deque(map(self._order.move_to_end, keys), maxlen=0)
             # a repeated key keeps its last time
-            self._live.update(zip(keys, self._clock, strict=False))
+            self._order.update(zip(keys, self._clock, strict=False))
 
     def touch_listed(self, keys: Sequence[K]) -> int:
         done = super().touch_listed(keys)
-        self._live.update(zip(islice(keys, done), self._clock, strict=False))
+        self._order.update(zip(islice(keys, done), self._clock, strict=False))
         return done
 
     def move_all_to_end(self, keys: Sequence[K]) -> None:
         super().move_all_to_end(keys)
-        self._live.update(zip(keys, self._clock, strict=False))
+        self._order.update(zip(keys, self._clock, strict=False))
