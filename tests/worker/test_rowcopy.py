@@ -310,36 +310,41 @@ def test_slab_rows_routes_let_go_of_a_jobs_buffer_and_survive_a_bad_job(monkeypa
     assert torch.equal(out, slab[[3, 1]])
 
 
-def test_route_rebind_points_one_side_at_other_fragments() -> None:
+def test_route_copies_through_another_tensor_for_one_call() -> None:
     native = require_native()
     src = [torch.arange(32, dtype=torch.uint8).view(4, 8), torch.ones((4, 2), dtype=torch.uint8)]
-    first = [torch.zeros((4, 8), dtype=torch.uint8), torch.zeros((4, 2), dtype=torch.uint8)]
-    route = native.route(src, first, ("source", "buffer"))
-    other = [torch.zeros((2, 8), dtype=torch.uint8), torch.zeros((6, 2), dtype=torch.uint8)]
-    route.rebind(1, other)
-    route.copy(np.array([3, 0]), np.array([1, 0]))
-    assert torch.equal(other[0], src[0][[0, 3]]) and torch.equal(other[1][:2], src[1][[0, 3]])
-    assert all(int(t.count_nonzero()) == 0 for t in first)  # the old side is left alone
+    own = [torch.zeros((4, 10), dtype=torch.uint8)]
+    route = native.route([torch.cat(src, 1)], own, ("source", "buffer"))
+    other = torch.zeros((2, 10), dtype=torch.uint8)
+    route.copy(np.array([3, 0]), np.array([1, 0]), through=(1, other))
+    assert torch.equal(other, torch.cat(src, 1)[[0, 3]])
+    assert int(own[0].count_nonzero()) == 0  # the route's own side is left alone
     with pytest.raises(TransferSpecError, match=r"buffer row 2 out of range 0\.\.1"):
-        route.copy(np.array([0]), np.array([2]))  # the limit is the new side's fewest rows
-    with pytest.raises(ValueError, match="1 fragments for a route of 2"):
-        route.rebind(0, [src[0]])
-    with pytest.raises(ValueError, match="widths differ: 9 and 8"):
-        route.rebind(0, [torch.zeros((4, 9), dtype=torch.uint8), src[1]])
-    with pytest.raises(ValueError, match="contiguous rows"):
-        route.rebind(1, [torch.zeros((8, 8), dtype=torch.uint8)[:, ::2].t()[:, :8], other[1]])
-    route.rebind(
-        0, [torch.full((1, 8), 7, dtype=torch.uint8), torch.full((1, 2), 9, dtype=torch.uint8)]
-    )
-    route.copy(np.array([0]), np.array([1]))
-    assert other[0][1].tolist() == [7] * 8 and other[1][1].tolist() == [9, 9]
+        route.copy(np.array([0]), np.array([2]), through=(1, other))  # the tensor's rows
+    route.copy(np.array([2]), np.array([3]))  # back on its own side, with its own rows
+    assert torch.equal(own[0][3], torch.cat(src, 1)[2]) and int(own[0][:3].count_nonzero()) == 0
+    one = torch.full((1, 10), 7, dtype=torch.uint8)
+    route.copy(np.array([0]), np.array([0]), through=(0, one))
+    assert own[0][0].tolist() == [7] * 10
     with pytest.raises(TransferSpecError, match=r"source row 1 out of range 0\.\.0"):
-        route.copy(np.array([1]), np.array([0]))
+        route.copy(np.array([1]), np.array([0]), through=(0, one))
     wide = torch.zeros((3, 20), dtype=torch.uint8)  # rows 20 bytes apart: the stride follows
-    route.rebind(1, [wide[:, 4:12], wide[:, 14:16]])
-    route.copy(np.array([0]), np.array([2]))
-    assert wide[2].tolist() == [0] * 4 + [7] * 8 + [0] * 2 + [9, 9] + [0] * 4
+    route.copy(np.array([0]), np.array([2]), through=(1, wide[:, 4:14]))
+    assert wide[2].tolist() == [0] * 4 + list(range(8)) + [1, 1] + [0] * 6
     assert int(wide[:2].count_nonzero()) == 0
+    with pytest.raises(ValueError, match="widths differ: 9 and 10"):
+        route.copy(
+            np.array([0]), np.array([0]), through=(1, torch.zeros((4, 9), dtype=torch.uint8))
+        )
+    with pytest.raises(ValueError, match="contiguous rows"):
+        route.copy(
+            np.array([0]), np.array([0]), through=(1, torch.zeros((10, 4), dtype=torch.uint8).t())
+        )
+    two = native.route(
+        src, [torch.zeros((4, 8), dtype=torch.uint8), torch.zeros((4, 2), dtype=torch.uint8)]
+    )
+    with pytest.raises(ValueError, match="one fragment, not 2"):
+        two.copy(np.array([0]), np.array([0]), through=(1, other))
 
 
 def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:

@@ -54,7 +54,6 @@ on the GPU, and through whole rows on the host.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -226,7 +225,7 @@ class SlabRows:
     device-to-host copy into the bounce buffer, ``gather`` before a load's host-to-device
     copy from it. One call of the compiled row copier per job, through one route per
     direction built on first use and pointed at each job's own buffer for the call
-    (``RowRoute.rebind``), or numpy row items where it is not built. Rows are
+    (``RowRoute.copy(through=...)``), or numpy row items where it is not built. Rows are
     checked against the slab before anything is copied.
 
     Attributes:
@@ -240,8 +239,7 @@ class SlabRows:
         self._native = native_row_copier()
         self.kind = "numpy" if self._native is None else "native"
         self._routes: dict[bool, RowRoute] = {}  # to_slab -> its route, built on first use
-        self._lock = threading.Lock()  # a route's buffer side is one job's at a time
-        # what a route points at between jobs: one row, never a freed job buffer
+        # a route's own buffer side, between jobs: one row, never a freed job buffer
         self._idle = torch.zeros((1, int(slab_sub.shape[1])), dtype=torch.uint8)
 
     def scatter(self, buffer: torch.Tensor, cpu_rows: np.ndarray) -> None:
@@ -271,20 +269,16 @@ class SlabRows:
             )
         if self._native is not None:
             own = np.arange(n, dtype=np.int64)
-            side = 0 if to_slab else 1  # the buffer's side of the route
-            with self._lock:
-                route = self._routes.get(to_slab)
-                if route is None:
-                    ends = [self._idle], [self._slab]
-                    names = ("buffer", "host")
-                    if not to_slab:
-                        ends, names = ends[::-1], names[::-1]
-                    route = self._routes[to_slab] = self._native.route(*ends, names)
-                route.rebind(side, [buffer])
-                try:
-                    route.copy(*((own, cpu_rows) if to_slab else (cpu_rows, own)))
-                finally:
-                    route.rebind(side, [self._idle])
+            route = self._routes.get(to_slab)
+            if route is None:
+                ends, names = ([self._idle], [self._slab]), ("buffer", "host")
+                if not to_slab:
+                    ends, names = ends[::-1], names[::-1]
+                route = self._routes[to_slab] = self._native.route(*ends, names)
+            if to_slab:
+                route.copy(own, cpu_rows, through=(0, buffer))
+            else:
+                route.copy(cpu_rows, own, through=(1, buffer))
             return
         check_rows(np.asarray(cpu_rows, dtype=np.int64), len(self._items), "host")
         if to_slab:
