@@ -48,8 +48,8 @@ INLINE_MAX_BYTES = 1 << 20
 (``benchmarks/hostcopy_inline.py``, 8-64 KiB pages x 1-64 blocks, inline and on the
 lane alternating job by job, load 2.6-8.5, ``docs/worker.md``): a caller that waits
 saves 20-82 us wall per job inline at every size from 32 KiB to 4 MiB (the thread's
-wake and the GIL hand-offs), and the process's CPU time is lower inline at every
-size; a caller that never waits pays the copy instead of the wake, +14-15 us at
+wake and the GIL hand-offs), with less CPU time of the process (both threads) at
+every size; a caller that never waits pays the copy instead of the wake, +14-15 us at
 512 KiB, +41-48 us at 1 MiB, +68-85 at 2 MiB, +165 at 4 MiB. 1 MiB is where that
 worst case costs about what the lane's fixed cost costs a caller that waits."""
 
