@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvtier.worker import KVLayout, lanes, rowcopy
+from kvtier.worker import KVLayout, rowcopy
 
 LAYOUTS = list(KVLayout)
 DTYPES = [torch.float16, torch.bfloat16, torch.uint8]
@@ -92,15 +92,3 @@ def require_native() -> rowcopy.NativeRowCopier:
     native = rowcopy.native_row_copier()
     assert native is not None, f"{cc} is on PATH but the native row copier did not load"
     return native
-
-
-@pytest.fixture(params=["inline", "lane"])
-def lane_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Where the CPU stand-in's GPU<->CPU jobs run (set before the handlers are built).
-
-    ``inline``: every job submitted while its lane is idle runs in the submitting
-    thread (the default for small jobs, ``lanes.INLINE_MAX_BYTES``); ``lane``: every
-    job is handed to the lane's thread, as larger jobs are.
-    """
-    monkeypatch.setattr(lanes, "INLINE_MAX_BYTES", 1 << 62 if request.param == "inline" else -1)
-    return str(request.param)

@@ -1,7 +1,6 @@
 """The OffloadingHandler contract, run against every handler pair.
 
-GPU<->CPU (small jobs inline in the caller, and every job on the lane's thread), CPU<->disk
-(real files) and CPU<->remote (a real redis-server): every job
+GPU<->CPU, CPU<->disk (real files) and CPU<->remote (a real redis-server): every job
 is reported exactly once, in submission order; refused jobs are reported failed;
 nothing a job does raises out of get_finished or wait; shutdown finishes queued jobs
 and refuses later ones.
@@ -26,13 +25,7 @@ from kvtier.load_store_specs import (
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
 from kvtier.media.remote import RemoteOptions, RemoteStore
-from kvtier.worker import (
-    CpuGpuOffloadingHandlers,
-    KVLayout,
-    OffloadingHandler,
-    TransferResult,
-    lanes,
-)
+from kvtier.worker import CpuGpuOffloadingHandlers, KVLayout, OffloadingHandler, TransferResult
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import TransferSpec
@@ -80,8 +73,6 @@ def _host_pages() -> torch.Tensor:
 PAIRS = [
     "gpu_to_cpu",
     "cpu_to_gpu",
-    "gpu_to_cpu-on-lane",  # every job on the lane's thread, none inline (lanes.ThreadLane)
-    "cpu_to_gpu-on-lane",
     "cpu_to_disk",
     "disk_to_cpu",
     "cpu_to_remote",
@@ -90,13 +81,8 @@ PAIRS = [
 
 
 @pytest.fixture(params=PAIRS)
-def case(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Case]:
+def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     pair = request.param
-    if pair.endswith("-on-lane"):
-        monkeypatch.setattr(lanes, "INLINE_MAX_BYTES", -1)
-        pair = pair.removesuffix("-on-lane")
     if pair in ("gpu_to_cpu", "cpu_to_gpu"):
         kv = make_kv(KVLayout.KV_FIRST, torch.float16, 8)
         handlers = CpuGpuOffloadingHandlers(kv, GPU_BLOCK_SIZE, 2 * GPU_BLOCK_SIZE, 4)

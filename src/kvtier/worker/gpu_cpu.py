@@ -38,10 +38,8 @@ class SingleDirectionHandler(OffloadingHandler):
 
     ``transfer_async`` validates the spec and plans the rows in the caller's thread
     (cheap: Python lists for jobs of up to ``blockmap.SMALL_JOB_ROWS``
-    blocks, numpy above), then hands the copy to the lane with its size in bytes
-    (a ``ThreadLane`` runs a job of up to ``lanes.INLINE_MAX_BYTES`` right here when
-    it is idle). An invalid spec is refused (``False``) and reported failed, in
-    order, by ``get_finished``.
+    blocks, numpy above), then hands the copy to the lane. An invalid spec is
+    refused (``False``) and reported failed, in order, by ``get_finished``.
     """
 
     def __init__(
@@ -53,7 +51,6 @@ class SingleDirectionHandler(OffloadingHandler):
         block_size_factor: int,
         num_gpu_blocks: int,
         num_cpu_blocks: int,
-        page_bytes: int,
     ) -> None:
         self.gpu_to_cpu = gpu_to_cpu
         self.src_medium, self.dst_medium = (
@@ -64,7 +61,6 @@ class SingleDirectionHandler(OffloadingHandler):
         self._factor = block_size_factor
         self._num_gpu_blocks = num_gpu_blocks
         self._num_cpu_blocks = num_cpu_blocks
-        self._page_bytes = page_bytes
         self._shut = False
 
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
@@ -78,9 +74,7 @@ class SingleDirectionHandler(OffloadingHandler):
             self._lane.submit(job_id, None, "handler is shut down")
             return False
         copier, gpu_to_cpu = self._copier, self.gpu_to_cpu
-        self._lane.submit(
-            job_id, lambda: copier.copy(plan, gpu_to_cpu), nbytes=len(plan) * self._page_bytes
-        )
+        self._lane.submit(job_id, lambda: copier.copy(plan, gpu_to_cpu))
         return True
 
     def _plan(self, spec: TransferSpec):  # type: ignore[no-untyped-def]
@@ -196,7 +190,6 @@ class CpuGpuOffloadingHandlers:
                     block_size_factor=self.block_size_factor,
                     num_gpu_blocks=self.kv_view.num_blocks,
                     num_cpu_blocks=num_cpu_blocks,
-                    page_bytes=page,
                 )
             )
         self.gpu_to_cpu_handler, self.cpu_to_gpu_handler = handlers

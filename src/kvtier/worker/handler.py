@@ -29,13 +29,9 @@ class OffloadingHandler(abc.ABC):
 
     Contract (checked by ``tests/worker/test_handler_contract.py`` for every handler):
 
-    * ``transfer_async`` never waits for an earlier job. It may run a small job
-      itself when nothing is ahead of it (the CPU stand-in's lanes run jobs of up to
-      ``lanes.INLINE_MAX_BYTES`` in the caller when idle: cheaper than waking a
-      thread); otherwise it returns without waiting for the copy. It returns ``True``
+    * ``transfer_async`` returns without waiting for the copy. It returns ``True``
       when the job was accepted and ``False`` when it was refused (invalid spec,
-      handler shut down); either way the job is reported once by ``get_finished``,
-      never raised, whether it ran in the caller or not.
+      handler shut down); either way the job is reported once by ``get_finished``.
     * Jobs finish in submission order: ``get_finished`` never reports a job before
       one submitted earlier.
     * ``get_finished`` and ``wait`` do not raise for anything a job did.
@@ -43,7 +39,7 @@ class OffloadingHandler(abc.ABC):
 
     @abc.abstractmethod
     def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
-        """Submit a job; never waits for another job (a small one may run here)."""
+        """Submit a job; never blocks on the copy itself."""
 
     @abc.abstractmethod
     def get_finished(self) -> list[TransferResult]:

@@ -15,9 +15,6 @@ A lane takes *enqueue functions* and reports each job once, in submission order.
   waiting for the compute stream. A caller blocked in ``wait`` runs the queued
   functions itself while the thread is not running one (still one at a time, in
   order), which saves the hand-off's thread switches where someone waits anyway.
-  A small job (``INLINE_MAX_BYTES``) submitted while the lane is idle runs in the
-  submitting thread before ``submit`` returns: waking the sleeping thread would cost
-  the caller more than the copy.
 
 Either way a function that raises, and a job submitted with an ``error``, become a
 failed ``TransferResult``; nothing is raised to the caller.
@@ -42,18 +39,6 @@ EnqueueFn = Callable[[], tuple[int, Any]]
 until the copies are done)``."""
 
 
-INLINE_MAX_BYTES = 1 << 20
-"""Jobs of at most this many bytes run in the submitting thread when the lane is idle
-(``ThreadLane.submit``), larger ones on the lane's thread. Measured
-(``benchmarks/hostcopy_inline.py``, 8-64 KiB pages x 1-64 blocks, inline and on the
-lane alternating job by job, load 2.6-8.5, ``docs/worker.md``): a caller that waits
-saves 20-82 us wall per job inline at every size from 32 KiB to 4 MiB (the thread's
-wake and the GIL hand-offs), with less CPU time of the process (both threads) at
-every size; a caller that never waits pays the copy instead of the wake, +14-15 us at
-512 KiB, +41-48 us at 1 MiB, +68-85 at 2 MiB, +165 at 4 MiB. 1 MiB is where that
-worst case costs about what the lane's fixed cost costs a caller that waits."""
-
-
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -67,13 +52,6 @@ class ThreadLane:
     That saves the two thread switches of a hand-off (~20-40 us on the development
     VM, as long as a small job's copy) exactly where a caller waits for it.
 
-    A job of at most ``inline_max_bytes`` submitted while the lane is *idle* (no job
-    queued, none running) skips the hand-off altogether: the submitting thread runs
-    it before ``submit`` returns, as the lane's runner (so nothing else runs at the
-    same time), and it is reported by ``poll`` like any other job, failures included.
-    Idle means every earlier job is reported, so the order holds; a small job
-    submitted behind a queued or running one waits its turn on the thread.
-
     Two conditions share one lock: the worker thread sleeps on ``_work`` (a job
     queued, or the lane closed), callers in ``wait`` on ``_reported`` (a job reported,
     or one queued while no one runs). A job's end wakes only callers: an
@@ -81,8 +59,7 @@ class ThreadLane:
     the job (measured with ``benchmarks/hostcopy_fixed.py``).
     """
 
-    def __init__(self, name: str, inline_max_bytes: int | None = None) -> None:
-        self.inline_max_bytes = INLINE_MAX_BYTES if inline_max_bytes is None else inline_max_bytes
+    def __init__(self, name: str) -> None:
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)
         self._reported = threading.Condition(self._lock)
@@ -94,20 +71,8 @@ class ThreadLane:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(
-        self,
-        job_id: int,
-        fn: EnqueueFn | None,
-        error: str | None = None,
-        *,
-        nbytes: int | None = None,
-    ) -> None:
+    def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
         """Queue a job (``fn=None`` with an ``error``: report it failed, in order).
-
-        ``nbytes``: the bytes the job moves, when known. A job of at most
-        ``inline_max_bytes`` (and a refused one) submitted while the lane is idle (no
-        job queued or running) runs here, in the caller's thread, before ``submit``
-        returns; it is reported by ``poll`` like any other job.
 
         After ``close`` the thread is gone and every earlier job is done, so a job
         is reported at once: failed, since a closed lane runs nothing.
@@ -118,17 +83,8 @@ class ThreadLane:
                 return
             self._in_flight.add(job_id)
             self._queue.append((job_id, fn, error))
-            small = fn is None or (nbytes is not None and nbytes <= self.inline_max_bytes)
-            # idle: nothing queued before this job, and no job running (a job holds
-            # ``_runner`` from the moment it leaves the queue until it is reported)
-            if not (small and len(self._queue) == 1 and self._runner.acquire(blocking=False)):
-                self._work.notify()
-                self._reported.notify_all()
-                return
-        try:
-            self._run_next()
-        finally:
-            self._runner.release()
+            self._work.notify()
+            self._reported.notify_all()
 
     def _run_next(self) -> bool:
         """Run the oldest queued job, if any; the caller holds ``_runner``."""
@@ -227,18 +183,8 @@ class CudaLane:
         self._wait_for_compute = wait_for_compute
         self._jobs: deque[_CudaJob] = deque()
 
-    def submit(
-        self,
-        job_id: int,
-        fn: EnqueueFn | None,
-        error: str | None = None,
-        *,
-        nbytes: int | None = None,
-    ) -> None:
-        """Enqueue a job's copies on the lane's stream (returns before they run).
-
-        ``nbytes`` is not used: the copies are enqueued in the caller's thread anyway.
-        """
+    def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
+        """Enqueue a job's copies on the lane's stream (returns before they run)."""
         if fn is None:
             self._jobs.append(_CudaJob(job_id, None, None, 0, None, error or "refused"))
             return
