@@ -6,6 +6,9 @@ thread; the ``cuda`` cases repeat the round trips on a GPU when one is present.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -192,6 +195,38 @@ def test_copy_that_raises_is_a_failed_job(monkeypatch) -> None:
     assert [(r.job_id, r.success) for r in results] == [(0, True), (1, False), (2, True)]
     assert results[1].error == "RuntimeError: injected DMA fault"
     assert results[1].bytes_moved == 0
+    h.shutdown()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("gpu_to_cpu", [True, False], ids=["store", "load"])
+def test_transfer_async_never_runs_the_copy_in_the_caller(gpu_to_cpu, monkeypatch) -> None:
+    """The worker protocol: ``transfer_async`` never blocks on the copy. A one-block job
+    submitted to an idle handler is copied by the lane's thread; nobody calls ``wait``
+    (a caller blocked there may run queued jobs itself), results are polled."""
+    kv = make_kv(KVLayout.KV_FIRST, torch.float16, NUM_GPU_BLOCKS)
+    h = CpuGpuOffloadingHandlers(kv, GPU_BLOCK_SIZE, GPU_BLOCK_SIZE, NUM_CPU_BLOCKS)
+    handler = h.gpu_to_cpu_handler if gpu_to_cpu else h.cpu_to_gpu_handler
+    real_copy, ran_by, done = handler._copier.copy, [], threading.Event()
+
+    def recording(plan, direction):
+        ran_by.append(threading.get_ident())
+        try:
+            return real_copy(plan, direction)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(handler._copier, "copy", recording)
+    gpu, cpu = GPULoadStoreSpec((3,)), CPULoadStoreSpec((1,))
+    assert handler.transfer_async(1, (gpu, cpu) if gpu_to_cpu else (cpu, gpu)) is True
+    assert done.wait(60)
+    results: list[TransferResult] = []
+    deadline = time.monotonic() + 60
+    while not results and time.monotonic() < deadline:
+        results = handler.get_finished()
+        time.sleep(0.001)
+    assert [(r.job_id, r.success) for r in results] == [(1, True)]
+    assert len(ran_by) == 1 and ran_by[0] != threading.get_ident()
     h.shutdown()
 
 

@@ -144,6 +144,37 @@ def test_close_returns_only_after_a_job_a_caller_runs() -> None:
     assert [(r.job_id, r.success) for r in lane.poll()] == [(1, True)]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("jobs", [1, 5])
+def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int) -> None:
+    # ``submit`` returns without running the job (the worker protocol: transfer_async
+    # never blocks on the copy), even for a tiny job on an idle lane. Nobody waits here,
+    # so only the lane's thread may run it; each job is submitted after the previous
+    # one is reported, i.e. to an idle lane. (A caller blocked in ``wait`` may run
+    # queued jobs itself: not checked here, no ``wait`` is called.)
+    lane = ThreadLane("lane-under-test")
+    caller = threading.get_ident()
+    for job_id in range(jobs):
+        ran_by: list[int] = []
+        done = threading.Event()
+
+        def fn(ran_by: list[int] = ran_by, done: threading.Event = done) -> tuple[int, None]:
+            ran_by.append(threading.get_ident())
+            done.set()
+            return 1, None
+
+        lane.submit(job_id, fn)
+        assert done.wait(60)
+        results = []
+        deadline = time.monotonic() + 60
+        while not results and time.monotonic() < deadline:
+            results = lane.poll()
+            time.sleep(0.001)
+        assert [(r.job_id, r.success) for r in results] == [(job_id, True)]
+        assert len(ran_by) == 1 and ran_by[0] != caller
+    lane.close()
+
+
 class LaneMachine(RuleBasedStateMachine):
     """Submit, wait, poll and close in any order, against a list model."""
 

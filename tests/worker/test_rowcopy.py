@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -264,6 +265,86 @@ def test_slab_rows_refuse_a_buffer_of_another_page_width(monkeypatch, path, widt
         with pytest.raises(TransferSpecError, match=rf"buffer rows of shape \({width},\)"):
             move()
     assert torch.equal(slab, before) and torch.equal(buffer, buffer_before)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_slab_rows_jobs_of_changing_sizes_through_one_route_each_way(monkeypatch, path) -> None:
+    """Jobs of 5, 70, 1, 0 and 33 rows, scatter and gather alternating, each into its own
+    buffer: exact bytes every time (a route left pointing at an earlier, larger buffer
+    would copy from or into the wrong one), and one route per direction is built."""
+    _, slab = random_tensors([200], 1, 90, seed=11)
+    moved = slab_rows(monkeypatch, path, slab)
+    built = []
+    if moved._native is not None:
+        real = moved._native.route
+        monkeypatch.setattr(moved._native, "route", lambda *a: built.append(a) or real(*a))
+    rng = np.random.default_rng(3)
+    for n in (5, 70, 1, 0, 33):
+        cpu = rows(rng, "random", n, 90)
+        buffer = torch.randint(0, 256, (n, 200), dtype=torch.uint8)
+        want = slab.clone()
+        for i, c in enumerate(cpu.tolist()):
+            want[c] = buffer[i]
+        moved.scatter(buffer, cpu)
+        assert torch.equal(slab, want)
+        out = torch.zeros((n, 200), dtype=torch.uint8)
+        moved.gather(cpu, out)
+        assert torch.equal(out, slab[torch.from_numpy(cpu)] if n else out)
+    assert len(built) == (2 if path != "numpy" else 0)
+
+
+def test_slab_rows_routes_let_go_of_a_jobs_buffer_and_survive_a_bad_job(monkeypatch) -> None:
+    """Between jobs the cached routes hold no job buffer (a freed pinned buffer must never
+    be written through a stale pointer), also after a job refused for a bad row."""
+    _, slab = random_tensors([64], 1, 20, seed=12)
+    moved = slab_rows(monkeypatch, "native", slab)
+    buffer = torch.randint(0, 256, (3, 64), dtype=torch.uint8)
+    alive = weakref.ref(buffer)
+    moved.scatter(buffer, np.array([1, 2, 3], dtype=np.int64))
+    with pytest.raises(TransferSpecError, match=r"host row 20 out of range 0\.\.19"):
+        moved.gather(np.array([4, 20, 5], dtype=np.int64), buffer)
+    del buffer
+    assert alive() is None
+    out = torch.zeros((2, 64), dtype=torch.uint8)
+    moved.gather(np.array([3, 1], dtype=np.int64), out)  # the route still works
+    assert torch.equal(out, slab[[3, 1]])
+
+
+def test_route_copies_through_another_tensor_for_one_call() -> None:
+    native = require_native()
+    src = [torch.arange(32, dtype=torch.uint8).view(4, 8), torch.ones((4, 2), dtype=torch.uint8)]
+    own = [torch.zeros((4, 10), dtype=torch.uint8)]
+    route = native.route([torch.cat(src, 1)], own, ("source", "buffer"))
+    other = torch.zeros((2, 10), dtype=torch.uint8)
+    route.copy(np.array([3, 0]), np.array([1, 0]), through=(1, other))
+    assert torch.equal(other, torch.cat(src, 1)[[0, 3]])
+    assert int(own[0].count_nonzero()) == 0  # the route's own side is left alone
+    with pytest.raises(TransferSpecError, match=r"buffer row 2 out of range 0\.\.1"):
+        route.copy(np.array([0]), np.array([2]), through=(1, other))  # the tensor's rows
+    route.copy(np.array([2]), np.array([3]))  # back on its own side, with its own rows
+    assert torch.equal(own[0][3], torch.cat(src, 1)[2]) and int(own[0][:3].count_nonzero()) == 0
+    one = torch.full((1, 10), 7, dtype=torch.uint8)
+    route.copy(np.array([0]), np.array([0]), through=(0, one))
+    assert own[0][0].tolist() == [7] * 10
+    with pytest.raises(TransferSpecError, match=r"source row 1 out of range 0\.\.0"):
+        route.copy(np.array([1]), np.array([0]), through=(0, one))
+    wide = torch.zeros((3, 20), dtype=torch.uint8)  # rows 20 bytes apart: the stride follows
+    route.copy(np.array([0]), np.array([2]), through=(1, wide[:, 4:14]))
+    assert wide[2].tolist() == [0] * 4 + list(range(8)) + [1, 1] + [0] * 6
+    assert int(wide[:2].count_nonzero()) == 0
+    with pytest.raises(ValueError, match="widths differ: 9 and 10"):
+        route.copy(
+            np.array([0]), np.array([0]), through=(1, torch.zeros((4, 9), dtype=torch.uint8))
+        )
+    with pytest.raises(ValueError, match="contiguous rows"):
+        route.copy(
+            np.array([0]), np.array([0]), through=(1, torch.zeros((10, 4), dtype=torch.uint8).t())
+        )
+    two = native.route(
+        src, [torch.zeros((4, 8), dtype=torch.uint8), torch.zeros((4, 2), dtype=torch.uint8)]
+    )
+    with pytest.raises(ValueError, match="one fragment, not 2"):
+        two.copy(np.array([0]), np.array([0]), through=(1, other))
 
 
 def test_route_refuses_rows_of_two_lengths_and_bad_views() -> None:

@@ -20,6 +20,7 @@ applies it to stores too, so a spec means the same thing in both directions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,32 +66,40 @@ def expand_block_ids(
     return (ids[:, None] * block_size_factor + offsets).reshape(-1)[skip_count:]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class RowPlan:
     """One validated job, as rows: GPU block ``gpu_rows[i]`` <-> host sub-block ``cpu_rows[i]``.
 
     Attributes:
         gpu_rows: GPU block ids (int64), in token order.
         cpu_rows: host sub-block ids (int64), same length.
-        run_starts: indices into the rows where ``cpu_rows`` stops being consecutive
-            (int64, ``0`` first when there are rows): the job cut into runs of
-            consecutive host sub-blocks. Kept as an array, so that a scattered job
-            (one run per row) costs no Python object per row; ``cpu_runs`` spells
-            the runs out for the copiers that copy run by run.
+
+    The runs of consecutive host sub-blocks (``run_starts``) are worked out on first
+    use and kept: the compiled host copier never asks for them (it copies row by row
+    in one call), the CUDA copier and the numpy fallback do. Not slotted, so that
+    ``functools.cached_property`` can keep them.
     """
 
     gpu_rows: np.ndarray
     cpu_rows: np.ndarray
-    run_starts: np.ndarray
 
     @classmethod
     def pairing(cls, gpu_rows: np.ndarray, cpu_rows: np.ndarray) -> RowPlan:
         """The plan of already validated rows (int64 arrays of one length)."""
+        return cls(gpu_rows, cpu_rows)
+
+    @functools.cached_property
+    def run_starts(self) -> np.ndarray:
+        """Indices into the rows where ``cpu_rows`` stops being consecutive (int64,
+        ``0`` first when there are rows): the job cut into runs of consecutive host
+        sub-blocks. An array, so that a scattered job (one run per row) costs no
+        Python object per row; ``cpu_runs`` spells the runs out."""
+        cpu_rows = self.cpu_rows
         starts = np.empty(len(cpu_rows), dtype=bool)
         if len(starts):
             starts[0] = True
             np.not_equal(cpu_rows[1:] - cpu_rows[:-1], 1, out=starts[1:])
-        return cls(gpu_rows, cpu_rows, starts.nonzero()[0].astype(np.int64, copy=False))
+        return starts.nonzero()[0].astype(np.int64, copy=False)
 
     def __len__(self) -> int:
         return len(self.gpu_rows)
@@ -193,9 +202,7 @@ def _plan_small(
 
     Repeated CPU destinations are found among the offloaded ids, not the expanded
     rows: a repeated id repeats its last sub-block (which ``skip_count`` never drops),
-    and distinct ids own disjoint sub-blocks. A run of host rows ends where the next
-    offloaded id is not the previous one plus 1; offloaded block ``j`` starts at row
-    ``j * factor - skip``.
+    and distinct ids own disjoint sub-blocks.
     """
     gpu, cpu = gpu_rows.tolist(), cpu_ids.tolist()
     for name, ids, limit in (("GPU", gpu, limits[0]), ("CPU", cpu, limits[1])):
@@ -207,9 +214,7 @@ def _plan_small(
     if len(set(dst)) != len(dst):
         name, rows = ("GPU", gpu_rows) if gpu_is_dst else ("CPU", cpu_rows)
         raise TransferSpecError(_repeat(name, rows))
-    starts = [0] if cpu else []
-    starts += [j * factor - skip for j in range(1, len(cpu)) if cpu[j] != cpu[j - 1] + 1]
-    return RowPlan(gpu_rows, cpu_rows, np.array(starts, dtype=np.int64))
+    return RowPlan(gpu_rows, cpu_rows)
 
 
 def _out_of_range(name: str, bad: int, limit: int) -> str:

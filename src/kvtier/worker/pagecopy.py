@@ -64,7 +64,7 @@ import torch
 from kvtier.errors import TransferSpecError
 from kvtier.worker.blockmap import RowPlan
 from kvtier.worker.kv_view import as_words, word_dtype
-from kvtier.worker.rowcopy import check_rows, native_row_copier
+from kvtier.worker.rowcopy import RowRoute, check_rows, native_row_copier
 
 RUN_MIN_BYTES = 64 * 1024
 """Average bytes per call below which scattered rows are copied chunk by chunk."""
@@ -223,8 +223,9 @@ class SlabRows:
 
     The host side of ``CudaPageCopier``'s scattered path: ``scatter`` after a store's
     device-to-host copy into the bounce buffer, ``gather`` before a load's host-to-device
-    copy from it. One call of the compiled row copier per job (a route per buffer:
-    the buffer is the job's own), or numpy row items where it is not built. Rows are
+    copy from it. One call of the compiled row copier per job, through one route per
+    direction built on first use and pointed at each job's own buffer for the call
+    (``RowRoute.copy(through=...)``), or numpy row items where it is not built. Rows are
     checked against the slab before anything is copied.
 
     Attributes:
@@ -237,6 +238,9 @@ class SlabRows:
         self._items = row_items(slab_sub)
         self._native = native_row_copier()
         self.kind = "numpy" if self._native is None else "native"
+        self._routes: dict[bool, RowRoute] = {}  # to_slab -> its route, built on first use
+        # a route's own buffer side, between jobs: one row, never a freed job buffer
+        self._idle = torch.zeros((1, int(slab_sub.shape[1])), dtype=torch.uint8)
 
     def scatter(self, buffer: torch.Tensor, cpu_rows: np.ndarray) -> None:
         """Copy ``buffer`` row ``i`` to slab row ``cpu_rows[i]``, for every ``i``.
@@ -265,10 +269,16 @@ class SlabRows:
             )
         if self._native is not None:
             own = np.arange(n, dtype=np.int64)
+            route = self._routes.get(to_slab)
+            if route is None:
+                ends, names = ([self._idle], [self._slab]), ("buffer", "host")
+                if not to_slab:
+                    ends, names = ends[::-1], names[::-1]
+                route = self._routes[to_slab] = self._native.route(*ends, names)
             if to_slab:
-                self._native.route([buffer], [self._slab], ("buffer", "host")).copy(own, cpu_rows)
+                route.copy(own, cpu_rows, through=(0, buffer))
             else:
-                self._native.route([self._slab], [buffer], ("host", "buffer")).copy(cpu_rows, own)
+                route.copy(cpu_rows, own, through=(1, buffer))
             return
         check_rows(np.asarray(cpu_rows, dtype=np.int64), len(self._items), "host")
         if to_slab:
