@@ -336,3 +336,24 @@ def test_set_commands_are_what_redis_py_sends_without_copying_a_page(
     buffers = remote_values.set_commands(batch, px)
     assert joined(buffers) == expected
     assert [any(b is v.payload for b in buffers) for _, v in batch] == [True] * count
+
+
+class NoConnections:
+    """``Connections`` that an empty batch must not touch."""
+
+    def owned(self) -> Iterator[object]:
+        raise AssertionError("an empty batch took a connection")
+
+
+@pytest.mark.parametrize("px", [None, 7])
+def test_an_empty_batch_has_no_set_commands(px: int | None) -> None:
+    assert remote_values.set_commands([], px) == []
+
+
+def test_an_empty_batch_of_stores_sends_nothing() -> None:
+    assert remote_values.set_from_pages(NoConnections(), batch=[], px=7) == []  # type: ignore[arg-type]
+
+
+def test_an_empty_batch_of_loads_sends_nothing() -> None:
+    got = remote_values.get_into_pages(NoConnections(), fingerprint=b"\x09" * 32, batch=[])  # type: ignore[arg-type]
+    assert got == []
