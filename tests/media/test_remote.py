@@ -3,20 +3,24 @@ processes, corruption, eviction, TTL, passwords and option checks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from kvtier.errors import ConfigError, TransferError
 from kvtier.media import block_format
+from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
 
 from ..redis_server import RedisServer
@@ -350,6 +354,50 @@ def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
         s.close()
 
 
+def run_in_forked_child(body: Callable[[], bool], in_parent: Callable[[], None]) -> None:
+    """Fork: the child runs ``body`` and exits 0 if it returns True (1 if not, or if it
+    raises); the parent runs ``in_parent``, then waits for the child. Fails if the
+    child failed, or hung (still running after a generous 60 s)."""
+    pid = os.fork()
+    if pid == 0:  # the child: only this thread; the parent's other threads are gone
+        code = 1
+        try:
+            code = 0 if body() else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    in_parent()
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the forked child failed"
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock: Any) -> Iterator[threading.Event]:
+    """``lock`` held by another thread until the event yielded is set."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        yield release
+    finally:
+        release.set()
+        holder.join()
+
+
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: threads
 def test_a_forked_child_starts_afresh_while_a_parent_thread_holds_the_lock(
     server: RedisServer,
@@ -359,43 +407,74 @@ def test_a_forked_child_starts_afresh_while_a_parent_thread_holds_the_lock(
     of its own, never the idle socket the parent shares with it."""
     s = open_store(server, max_connections=4)
     keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
-    held, release = threading.Event(), threading.Event()
     try:
         s.write_many(keys, data)
         link = s._connect()
         with link.owned() as conn:
             parents = conn  # parked idle now
 
-        def hold() -> None:
-            with link._lock:
-                held.set()
-                release.wait()
+        def child() -> bool:  # the lock still taken in its memory
+            with link.owned() as conn:
+                fresh = conn is not parents
+            outcomes, outs = read_back(s, keys)
+            return fresh and outcomes == [ReadOutcome.HIT] * 2 and np.array_equal(outs, data)
 
-        holder = threading.Thread(target=hold)
-        holder.start()
-        assert held.wait(30)
-        pid = os.fork()
-        if pid == 0:  # the child: only this thread, the lock still taken in its memory
-            code = 1
-            try:
-                with link.owned() as conn:
-                    fresh = conn is not parents
-                outcomes, outs = read_back(s, keys)
-                if fresh and outcomes == [ReadOutcome.HIT] * 2 and np.array_equal(outs, data):
-                    code = 0
-            finally:
-                os._exit(code)
-        release.set()
-        holder.join()
-        deadline = time.monotonic() + 60
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung on the lock its parent's thread held")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        with held_by_another_thread(link._lock) as release:
+            run_in_forked_child(child, release.set)
         assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 2  # the parent's link still works
     finally:
-        release.set()
+        s.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: threads
+@pytest.mark.parametrize("which", ["breaker", "store"])
+def test_a_forked_child_loads_while_a_parent_thread_holds_the_breaker_or_store_lock(
+    server: RedisServer, which: str
+) -> None:
+    """Every load takes the breaker's lock (``allow``, ``record_success``) and the
+    store's (``_connect``): a child forked while another thread of the parent holds
+    either still loads its blocks."""
+    s = open_store(server)
+    keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
+    try:
+        s.write_many(keys, data)
+
+        def child() -> bool:
+            outcomes, outs = read_back(s, keys)
+            return outcomes == [ReadOutcome.HIT] * 2 and np.array_equal(outs, data)
+
+        with held_by_another_thread(s.breaker._lock if which == "breaker" else s._lock) as release:
+            run_in_forked_child(child, release.set)
+        assert read_back(s, keys)[0] == [ReadOutcome.HIT] * 2
+    finally:
+        s.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: threads
+def test_a_child_forked_while_the_parent_probes_the_store_probes_it_itself(
+    server: RedisServer,
+) -> None:
+    """The parent's breaker is ``PROBING`` at the fork (a parent thread's probe in
+    flight, which the child will never see end): the child's breaker does not wait for
+    it forever, it probes the (healthy) server itself and loads."""
+    now = [0.0]
+    breaker = CircuitBreaker(Backoff(base_s=1.0, max_s=1.0), clock=lambda: now[0])
+    options = RemoteOptions(url=server.url)
+    s = RemoteStore.open(FP, options, breaker=breaker, environ={})
+    keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
+    try:
+        s.write_many(keys, data)
+        breaker.record_failure("lost")  # an outage ...
+        now[0] = 10.0  # ... whose backoff expired
+        assert breaker.allow() and breaker.state is Health.PROBING  # the parent's probe
+
+        def child() -> bool:
+            outcomes, outs = read_back(s, keys)
+            hits = outcomes == [ReadOutcome.HIT] * 2 and np.array_equal(outs, data)
+            return hits and breaker.state is Health.HEALTHY
+
+        run_in_forked_child(child, lambda: None)
+        assert breaker.state is Health.PROBING  # the parent's own probe is still its own
+        breaker.record_success()
+    finally:
         s.close()

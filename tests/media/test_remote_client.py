@@ -336,3 +336,59 @@ def test_set_commands_are_what_redis_py_sends_without_copying_a_page(
     buffers = remote_values.set_commands(batch, px)
     assert joined(buffers) == expected
     assert [any(b is v.payload for b in buffers) for _, v in batch] == [True] * count
+
+
+class NoConnections:
+    """``Connections`` that an empty batch must not touch."""
+
+    def owned(self) -> Iterator[object]:
+        raise AssertionError("an empty batch took a connection")
+
+
+@pytest.mark.parametrize("px", [None, 7])
+def test_an_empty_batch_has_no_set_commands(px: int | None) -> None:
+    assert remote_values.set_commands([], px) == []
+
+
+def test_an_empty_batch_of_stores_sends_nothing() -> None:
+    assert remote_values.set_from_pages(NoConnections(), batch=[], px=7) == []  # type: ignore[arg-type]
+
+
+def test_an_empty_batch_of_loads_sends_nothing() -> None:
+    got = remote_values.get_into_pages(NoConnections(), fingerprint=b"\x09" * 32, batch=[])  # type: ignore[arg-type]
+    assert got == []
+
+
+@pytest.mark.parametrize("kind", [Counting, CountingRecvOnly])
+def test_reading_only_empty_views_reads_nothing(kind: type) -> None:
+    """Nothing buffered, nothing asked: no read (the stream has nothing to give yet)."""
+    a, b = socket.socketpair()
+    sock = kind(a)
+    reader = ReplyReader(sock, buffer_bytes=64)
+    reader.read_into(memoryview(bytearray(0)), memoryview(bytearray(0)))
+    reader.read_into()
+    assert sock.reads == 0
+    b.sendall(b"$1\r\n")
+    assert reader.line() == b"$1"
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("scatter", [True, False])
+@pytest.mark.parametrize("sizes", [(0, 9000, 2), (0, 0, 9000), (9000, 0), (0, 40), (0, 40, 0)])
+def test_empty_views_anywhere_are_skipped_on_either_path(
+    sizes: tuple[int, ...], scatter: bool
+) -> None:
+    """An empty view first, with nothing buffered, before a rest larger than the read
+    buffer (read straight from the socket) or smaller (through it): read, not taken for
+    a closed connection."""
+    rng = np.random.default_rng(3)
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    sock, t = serve(b"".join(parts) + b"$1\r\nx\r\n", 4096)
+    reader = ReplyReader(sock if scatter else RecvOnly(sock), buffer_bytes=64)
+    outs = [bytearray(len(p)) for p in parts]
+    reader.read_into(*(memoryview(o) for o in outs))
+    assert outs == parts
+    assert reader.line() == b"$1"
+    t.join()
+    sock.close()

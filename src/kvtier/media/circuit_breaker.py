@@ -2,7 +2,11 @@
 
 Runs on the worker side (and wherever a ``RemoteStore`` is used), in any thread: every
 method takes one lock. Pure Python; the clock and the random source are injected so
-that tests drive time by hand.
+that tests drive time by hand. In a forked child (``os.fork``) every breaker gets a new
+lock (another thread of the parent may have held the old one at the fork, and never
+releases it in the child), and a breaker that was ``PROBING`` is ``UNHEALTHY`` with its
+retry due at once: the probe in flight belonged to a parent thread the child does not
+have, so the child probes for itself.
 
 ::
 
@@ -22,9 +26,11 @@ when the store went down) neither extend nor grow the backoff: one outage counts
 from __future__ import annotations
 
 import enum
+import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -87,6 +93,15 @@ class CircuitBreaker:
         self._outages = 0
         self._retry_at = 0.0
         self._last_error: str | None = None
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock; a probe in flight (a parent thread's, gone)
+        is abandoned, its retry due now, so the child's next ``allow`` probes."""
+        self._lock = threading.Lock()
+        if self._state is Health.PROBING:
+            self._state = Health.UNHEALTHY
+            self._retry_at = float("-inf")
 
     @property
     def state(self) -> Health:
@@ -149,3 +164,15 @@ class CircuitBreaker:
             self._failures += 1
             self._state = Health.UNHEALTHY
             self._retry_at = self._clock() + self.backoff.delay(self._failures, self._rng())
+
+
+_LIVE: weakref.WeakSet[CircuitBreaker] = weakref.WeakSet()
+"""Every ``CircuitBreaker`` alive, for ``_after_fork_in_child``."""
+
+
+def _after_fork_in_child() -> None:
+    for breaker in list(_LIVE):
+        breaker._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

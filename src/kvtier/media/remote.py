@@ -2,8 +2,10 @@
 
 Runs on the worker side (handlers call it from their I/O threads) and, for
 ``exists_many``, wherever the scheduler asks whether a shared store holds a block;
-thread-safe; imports no torch. One block is one value, ``header || payload`` in the
-verified format of ``block_format``, under the key::
+thread-safe, and usable in a child forked while other threads used it (its locks, its
+breaker's and its connections' start afresh there); imports no torch. One block is
+one value, ``header || payload`` in the verified format of ``block_format``, under the
+key::
 
     kvtier:v1:<model fingerprint digest, hex>:<block key, hex>
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -82,6 +85,13 @@ class RemoteStore:
         self._prefix = f"kvtier:v{LAYOUT_VERSION}:{fingerprint.hex()}:".encode()
         self._password = password
         self._link: Connections | None = None  # made on first use
+        self._lock = threading.Lock()
+        _LIVE.add(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock (a parent thread may have held the old one
+        at the fork; it never releases it in the child). ``Connections`` and
+        ``CircuitBreaker`` start afresh on their own."""
         self._lock = threading.Lock()
 
     @classmethod
@@ -312,3 +322,15 @@ class RemoteStore:
                 client = make_client(self.options, self._password)
                 self._link = Connections(client, self.options.max_connections)
             return self._link
+
+
+_LIVE: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
+"""Every ``RemoteStore`` alive, for ``_after_fork_in_child``."""
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_LIVE):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
