@@ -53,14 +53,20 @@ from itertools import filterfalse, takewhile
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.branch import SharedPrefixPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
 from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 
-CANDIDATES: tuple[type[EvictionPolicy], ...] = (LRUPolicy, ARCPolicy, SegmentedLRUPolicy)
-"""The policies the shadows run; the first leads until another scores better."""
+CANDIDATES: tuple[type[EvictionPolicy], ...] = (
+    LRUPolicy,
+    ARCPolicy,
+    SegmentedLRUPolicy,
+    SharedPrefixPolicy,
+)
+"""The policies the shadows run (``START`` leads first, until another scores better)."""
 
 DECAY = 0.75
 """Weight of the past at each decision (the scores remember about four windows)."""
@@ -97,13 +103,14 @@ def _never_held(key: BlockHash) -> bool:
 class _Shadow:
     """One candidate policy over keys only, fed whole requests the manager's way."""
 
-    __slots__ = ("capacity", "hits", "policy", "resident")
+    __slots__ = ("capacity", "hits", "learns", "policy", "resident")
 
     def __init__(self, cls: type[EvictionPolicy], capacity: int) -> None:
         self.capacity = capacity
         self.policy = cls(capacity)
         self.resident: set[BlockHash] = set()
         self.hits = 0
+        self.learns = cls.observe is not EvictionPolicy.observe  # shown every request
 
     def request(self, keys: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
         """Serve one lookup; return ``(evicted, stored)`` keys.
@@ -114,6 +121,8 @@ class _Shadow:
         only for the stored ones). Batch calls: C-level passes where they can be.
         """
         resident, policy = self.resident, self.policy
+        if self.learns:
+            policy.observe(keys)
         if all(map(resident.__contains__, keys)):  # the usual case at a hit: all resident
             self.hits += len(keys)
             policy.touch_all(keys[::-1], _NONE_STORING)
@@ -263,6 +272,11 @@ class _Rebuilt(EvictionPolicy):
         self.policy = policy
         self._next = None
 
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        """Every request, sampled or not: a policy that learns (``branch``) learns the
+        tier's whole traffic."""
+        self.policy.observe(keys)
+
     def add(self, key: BlockHash) -> None:
         self.policy.add(key)
 
@@ -347,7 +361,10 @@ class LeaderPolicy(EvictionPolicy):
         return len(self._tier)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        if not keys or (self._mask and not is_sampled(keys, self._mask)):
+        if not keys:
+            return
+        self._tier.observe(keys)
+        if self._mask and not is_sampled(keys, self._mask):
             return
         shadows, lead = self._shadows, self._leader
         before = [shadow.hits for shadow in shadows]
