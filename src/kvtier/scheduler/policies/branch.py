@@ -105,7 +105,7 @@ class SharedPrefixPolicy(SegmentedPolicy):
             key = keys[i]
             seen = nexts.get(key)
             if seen is None:
-                seen = nexts[key] = old.pop(key, None) or set()
+                seen = nexts[key] = old.pop(key) if key in old else set()
             if len(seen) < KIDS:
                 seen.add(keys[i + 1])
             if len(seen) >= KIDS or key in shared:
