@@ -26,8 +26,8 @@ Memory is bounded, by generations: the learned next keys are kept for the keys
 looked up in this generation and the last; a generation ends when it has learned
 ``PRUNE_FACTOR / 2`` x capacity keys, and the next starts with the forks only (keys
 with two next keys or more: a few prompts, kept while they fill at most half a
-generation). So at most ``PRUNE_FACTOR`` x capacity keys are remembered (plus one
-request's), and the few keys a branching point needs survive the churn of
+generation). So at most ``PRUNE_FACTOR`` x capacity keys are remembered (plus two
+requests'), and the few keys a branching point needs survive the churn of
 conversation histories (aging them with the rest cost ``chat`` at 1 % 0.9 points). A
 key's shared mark lasts while it is remembered. Sampled by first key
 (``sampling.is_sampled``), a shadow sees every request of a root or none, so a
@@ -56,6 +56,9 @@ about twice; 3 and 4 screened alike, ``docs/simulate.md``)."""
 PRUNE_FACTOR = 4
 """Learned keys remembered at most, as a multiple of the capacity (two generations)."""
 
+MIN_GENERATION = 64
+"""Keys a generation learns at least (a tiny tier's would age at every request)."""
+
 
 class SharedPrefixPolicy(SegmentedPolicy):
     """LRU with the blocks of shared prefixes spared up to an adaptive target."""
@@ -73,7 +76,7 @@ class SharedPrefixPolicy(SegmentedPolicy):
         self._next: dict[BlockHash, set[BlockHash]] = {}  # key -> next keys seen (<= KIDS)
         self._old: dict[BlockHash, set[BlockHash]] = {}  # the previous generation's
         self._is_shared: set[BlockHash] = set()
-        self._generation = max(64, PRUNE_FACTOR * capacity // 2)  # keys learned
+        self._generation = max(MIN_GENERATION, PRUNE_FACTOR * capacity // 2)  # keys learned
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -170,17 +173,20 @@ class SharedPrefixPolicy(SegmentedPolicy):
             u = next(cold_u, None)
             s = next(cold_s, None)
             victims = []
-            while len(victims) < n:
+            while True:  # the next candidate of a list is asked for only when needed
                 if u is None or (over > 0 and s is not None and shared.time(s) < unshared.time(u)):
                     if s is None:
                         return None
                     victims.append(s)
                     over -= 1
+                    if len(victims) == n:
+                        return victims
                     s = next(cold_s, None)
                 else:
                     victims.append(u)
+                    if len(victims) == n:
+                        return victims
                     u = next(cold_u, None)
-            return victims
         finally:
             cold_u.close()
             cold_s.close()
