@@ -23,8 +23,8 @@ lead of ``EARLY`` standard deviations: a large real difference can show before t
 window ends, noise seldom reaches it). Decisions are at least 17 (sampled) requests
 apart: over n requests the lead is at most sqrt(n) standard deviations
 (Cauchy-Schwarz), so ``EARLY`` = 4 needs n > 16. Tuned on the 13 workloads of
-``benchmarks/policy_cells.py`` (``docs/simulate.md``; the fourth shadow since issue
-14's sixth round, with the constants unchanged). How the tier follows depends
+``benchmarks/policy_cells.py`` (``docs/simulate.md``; the constants were tuned with
+three shadows and kept when ``branch`` joined). How the tier follows depends
 on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
 
 * **In step** (R = 1, ``_InStep``): the shadows are the tier's size and see every
