@@ -75,6 +75,9 @@ class SharedPrefixPolicy(SegmentedPolicy):
         self._target = SHARE * capacity
         self._next: dict[BlockHash, set[BlockHash]] = {}  # key -> next keys seen (<= KIDS)
         self._old: dict[BlockHash, set[BlockHash]] = {}  # the previous generation's
+        # (key, next key) pairs learned in this generation: a request made only of them,
+        # with no shared key, teaches nothing (``observe``'s fast path)
+        self._pairs: set[tuple[BlockHash, BlockHash]] = set()
         self._is_shared: set[BlockHash] = set()
         self._generation = max(MIN_GENERATION, PRUNE_FACTOR * capacity // 2)  # keys learned
 
@@ -103,6 +106,10 @@ class SharedPrefixPolicy(SegmentedPolicy):
         if len(self._next) > self._generation:
             self._age()
         nexts, old, shared = self._next, self._old, self._is_shared
+        head = keys[:-1]
+        pairs = zip(head, keys[1:], strict=True)
+        if self._pairs.issuperset(pairs) and shared.isdisjoint(head):
+            return  # the usual case, two C-level passes: nothing new, nothing shared
         deepest = -1
         for i in range(len(keys) - 1):
             key = keys[i]
@@ -113,6 +120,9 @@ class SharedPrefixPolicy(SegmentedPolicy):
                 seen.add(keys[i + 1])
             if len(seen) >= KIDS or key in shared:
                 deepest = i
+        if len(self._pairs) > self._generation:
+            self._pairs.clear()  # a cache: what it forgets is looked at again
+        self._pairs.update(zip(head, keys[1:], strict=True))
         if deepest < 0:
             return
         new = [key for key in keys[: deepest + 1] if key not in shared]
@@ -127,6 +137,7 @@ class SharedPrefixPolicy(SegmentedPolicy):
         (keys with two next keys or more: few) while they fill at most half a
         generation."""
         old = self._old = self._next
+        self._pairs = set()
         forks = {key: seen for key, seen in old.items() if len(seen) > 1}
         self._next = forks if len(forks) <= self._generation // 2 else {}
         self._is_shared = {key for key in self._is_shared if key in old}
@@ -150,9 +161,18 @@ class SharedPrefixPolicy(SegmentedPolicy):
             self._unshared.touch(key)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
-        done = self._shared.touch_listed(keys)  # a shared prompt's keys come first
-        for key in keys[done:]:
-            self.touch(key, True)
+        """Runs of keys in one list are touched in one C-level pass each (a request's
+        shared prompt, then its history); a parked key alone."""
+        shared, unshared = self._shared, self._unshared
+        i, n = 0, len(keys)
+        while i < n:
+            rest = keys[i:] if i else keys
+            # the list the run starts in: a failed touch_listed counts the rest in Python
+            done = (shared if rest[0] in shared else unshared).touch_listed(rest)
+            if not done:  # parked
+                self.touch(keys[i], True)
+                done = 1
+            i += done
 
     def choose_victims(
         self,
