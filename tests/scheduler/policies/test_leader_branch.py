@@ -267,3 +267,18 @@ def test_eviction_does_not_walk_pinned_blocks_twice(over: bool) -> None:
     asked.clear()
     assert policy.choose_victims(1, is_held, (), ()) == [keys[900]]
     assert set(asked) == {keys[900]}  # the list's walk asks about it twice
+
+
+def test_asking_for_no_victims_gets_none_even_while_the_shared_list_is_over() -> None:
+    """``docs/testing.md`` counts ``leader``'s ``need >= 0`` mutants equivalent because
+    ``choose_victims(0, ...)`` is ``[]``; with the shared list over its target the
+    merge loop took one victim before counting."""
+    policy = SharedPrefixPolicy(8)
+    keys = [_k(i) for i in range(4)]
+    for turn in range(3):
+        policy.observe([*keys, _k(100 + turn)])
+    policy.add_all(keys)
+    policy._target = 0.0
+    assert policy.sizes == (0, 4)
+    assert policy.choose_victims(0, lambda key: False, (), ()) == []
+    assert policy.choose_victims(1, lambda key: False, (), ()) == [keys[0]]

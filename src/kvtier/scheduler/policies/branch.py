@@ -181,6 +181,8 @@ class SharedPrefixPolicy(SegmentedPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
+        if n <= 0:  # nothing to choose (``leader``'s shadows never ask; callers may)
+            return []
         unshared, shared = self._unshared, self._shared
         over = len(shared) - self._target  # the shared list competes while over p
         if over <= 0:
