@@ -66,9 +66,10 @@ class BranchTwins(RuleBasedStateMachine):
         assert got == want, f"victims of {n}: {got} != model {want}"
         return got
 
-    @rule(ids=st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=5))
-    def lookup(self, ids: list[int]) -> None:
-        """A request: observed, its resident keys touched, its misses stored."""
+    @rule(ids=st.lists(st.integers(0, KEYS - 1), min_size=1, max_size=5), settle=st.booleans())
+    def lookup(self, ids: list[int], settle: bool) -> None:
+        """A request: observed, its resident keys touched, its misses stored (and, when
+        ``settle``, the store completed at once: blocks churn)."""
         keys = [block_key(i) for i in dict.fromkeys(ids)]
         self.real.observe(keys)
         self.model.observe(keys)
@@ -88,7 +89,12 @@ class BranchTwins(RuleBasedStateMachine):
         for key in to_store:
             self.model.add(key)
         self.resident.update(to_store)
-        self.storing.update(to_store)
+        if settle:
+            self.real.release_all(to_store)
+            for key in to_store:
+                self.model.release(key)
+        else:
+            self.storing.update(to_store)
 
     @rule(i=st.integers(0, KEYS - 1), ok=st.booleans())
     def done(self, i: int, ok: bool) -> None:
@@ -282,3 +288,18 @@ def test_asking_for_no_victims_gets_none_even_while_the_shared_list_is_over() ->
     assert policy.sizes == (0, 4)
     assert policy.choose_victims(0, lambda key: False, (), ()) == []
     assert policy.choose_victims(1, lambda key: False, (), ()) == [keys[0]]
+
+
+def test_a_known_request_still_marks_the_keys_before_a_key_shared_since() -> None:
+    """``observe``'s fast path skips a request whose key pairs were all learned this
+    generation only when none of its keys is shared: ``a`` -> ``y`` was learned
+    before ``y`` became a branching point (under other parents: keys that are not
+    prefix-chained), and seeing ``a, y, z`` again marks ``a``."""
+    policy = SharedPrefixPolicy(8)
+    a, x, y, z = _k(1), _k(2), _k(3), _k(4)
+    policy.observe([a, y, z])
+    for child in (_k(10), _k(11)):
+        policy.observe([x, y, child])
+    assert policy.is_shared(y) and policy.is_shared(x) and not policy.is_shared(a)
+    policy.observe([a, y, z])
+    assert policy.is_shared(a)
