@@ -8,12 +8,13 @@ state machine beside ``BranchModel``: after every step the same victims in the s
 order, list sizes, target ``p``, learned keys and shared marks. Generations are made
 short, so aging happens often. Then the properties the model does not spell out: the
 memory bound, the forks surviving aging, sampling keeping a root's requests together,
-a sampled tier that follows ``branch`` learning every request, and eviction cost
-that does not grow with pinned blocks.
+a sampled tier that follows ``branch`` learning every request, and eviction and
+touch costs that do not grow with pinned blocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -24,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, branch, leader, sampling
 from kvtier.scheduler.policies.branch import SharedPrefixPolicy
+from kvtier.scheduler.policies.timed import TimedRecencyList
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
@@ -273,6 +275,39 @@ def test_eviction_does_not_walk_pinned_blocks_twice(over: bool) -> None:
     asked.clear()
     assert policy.choose_victims(1, is_held, (), ()) == [keys[900]]
     assert set(asked) == {keys[900]}  # the list's walk asks about it twice
+
+
+@pytest.mark.parametrize("case", ["parked", "alternating"])
+def test_touching_is_linear_in_the_keys_whatever_is_parked_or_shared(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``touch_all`` of n keys hands the lists' ``touch_listed`` at most 2n keys
+    (each failed call counts what is left) -- not ~n^2/2, which a slice per run cost
+    when every key was parked (a long prefix loading) or the keys alternated between
+    the shared and the unshared list; and it still stamps each key once, in order."""
+    n = 2000
+    policy = SharedPrefixPolicy(2 * n)
+    keys = [_k(i) for i in range(n)]
+    if case == "alternating":  # the even keys: a shared prompt's blocks
+        for turn in range(3):
+            policy.observe([*keys[::2], _k(10**6 + turn)])
+    policy.add_all(keys)
+    if case == "parked":  # every block pinned: the search parks them all
+        assert policy.choose_victims(1, lambda key: True, (), ()) is None
+    assert policy.sizes == ((n // 2, n // 2) if case == "alternating" else (n, 0))
+    passed: list[int] = []
+    touch_listed = TimedRecencyList.touch_listed
+
+    def counted(self: TimedRecencyList[BlockHash], keys: Sequence[BlockHash]) -> int:
+        passed.append(len(keys))
+        return touch_listed(self, keys)
+
+    monkeypatch.setattr(TimedRecencyList, "touch_listed", counted)
+    policy.touch_all(keys, ())
+    assert sum(passed) <= 2 * n
+    lists = (policy._shared, policy._unshared)
+    times = [next(lst for lst in lists if key in lst).time(key) for key in keys]
+    assert times == list(range(times[0], times[0] + n))  # each stamped once, in order
 
 
 def test_asking_for_no_victims_gets_none_even_while_the_shared_list_is_over() -> None:

@@ -161,18 +161,20 @@ class SharedPrefixPolicy(SegmentedPolicy):
             self._unshared.touch(key)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
-        """Runs of keys in one list are touched in one C-level pass each (a request's
-        shared prompt, then its history); a parked key alone."""
+        """The first two runs of keys in one list are touched in one C-level pass each
+        (a request's shared prompt, then its history); the keys after them (more runs,
+        or parked keys) one by one, so the work stays linear in ``len(keys)`` whatever
+        is parked or however the keys alternate between the lists."""
         shared, unshared = self._shared, self._unshared
         i, n = 0, len(keys)
-        while i < n:
+        for _ in range(2):  # the shared prompt, then the history: a C-level pass each
+            if i == n:
+                return
             rest = keys[i:] if i else keys
-            # the list the run starts in: a failed touch_listed counts the rest in Python
-            done = (shared if rest[0] in shared else unshared).touch_listed(rest)
-            if not done:  # parked
-                self.touch(keys[i], True)
-                done = 1
-            i += done
+            # a failed touch_listed counts the rest in Python: at most twice
+            i += (shared if rest[0] in shared else unshared).touch_listed(rest)
+        for key in keys[i:]:  # more runs, or parked keys: one by one
+            self.touch(key, True)
 
     def choose_victims(
         self,
