@@ -28,11 +28,12 @@ PINNED = {
     ("slru", 0.05): (20592, 99089, 101285),
     ("slru", 0.10): (34290, 83195, 87587),
     ("slru", 0.25): (57574, 53322, 64303),
-    # leader follows LRU, then the best-scoring shadow (slru at 1 %: its 5537 less the
-    # blocks missed while LRU led; at 10 % between arc and slru). At 25 % and 50 % it
-    # decides every 8192 keys (a quarter of the capacity is fewer); deciding every
-    # capacity's worth of keys got 57203 and 73194.
-    ("leader", 0.01): (5417, 116017, 116456),
+    # leader follows LRU, then the best-scoring shadow (at 10 % between arc and slru).
+    # At 25 % and 50 % it decides every 8192 keys (a quarter of the capacity is fewer);
+    # deciding every capacity's worth of keys got 57203 and 73194. At 1 % it got 5417
+    # with three shadows (slru's 5537 less the blocks missed while LRU led); the fourth,
+    # branch, takes the lead there at times and costs it 276 (docs/simulate.md).
+    ("leader", 0.01): (5141, 116297, 116736),
     ("leader", 0.10): (33595, 83890, 88282),
     ("leader", 0.25): (57281, 53615, 64596),
     ("leader", 0.50): (73329, 26586, 48548),

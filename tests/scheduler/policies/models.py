@@ -261,6 +261,160 @@ class SLRUModel(EvictionPolicy):
             del self.ghost[0]
 
 
+class BranchModel(EvictionPolicy):
+    """Shared-prefix LRU (``policies/branch.py``), plainly: two recency lists, unshared
+    and shared, a last-use time per block, two FIFO ghost lists of ``c`` keys each.
+
+    ``observe`` learns, for each key but the last of a request, up to ``kids`` next
+    keys; a key with ``kids`` next keys, or already shared, marks itself and every key
+    before it in the request shared, and a marked block in the unshared list moves to
+    the shared list's MRU end (keeping its time). What is learned lives in
+    generations: when the current one holds more than ``generation`` keys, it becomes
+    the old one and a new one starts with its keys of two next keys or more (unless
+    they are more than half a generation), and the shared marks of keys not in the
+    old one are dropped; a key looked up that is only in the old one moves back.
+
+    ``add``: a ghost of the unshared list lowers ``p`` by max(1, |Gs| / (|Gu| + 1)),
+    one of the shared list raises it by max(1, |Gu| / (|Gs| + 1)) (counted after it
+    leaves); the block joins the shared list if marked, else the unshared one.
+    Victims: the unshared list's evictable blocks coldest first, but while the shared
+    list holds more than ``p`` blocks (counting each taken), the shared list's coldest
+    evictable one goes instead when it is older; the shared list when the unshared one
+    has none left.
+    """
+
+    name = "branch"
+
+    def __init__(self, capacity: int, *, share: float, kids: int, generation: int) -> None:
+        super().__init__(capacity)
+        self.unshared: list[BlockHash] = []
+        self.shared: list[BlockHash] = []
+        self.time: dict[BlockHash, int] = {}
+        self.clock = 0
+        self.ghosts_u: list[BlockHash] = []
+        self.ghosts_s: list[BlockHash] = []
+        self.p = share * capacity
+        self.kids = kids
+        self.generation = generation
+        self.nexts: dict[BlockHash, set[BlockHash]] = {}
+        self.old: dict[BlockHash, set[BlockHash]] = {}
+        self.marked: set[BlockHash] = set()
+
+    def __len__(self) -> int:
+        return len(self.unshared) + len(self.shared)
+
+    @property
+    def sizes(self) -> tuple[int, int]:
+        return len(self.unshared), len(self.shared)
+
+    def _stamp(self, key: BlockHash) -> None:
+        self.clock += 1
+        self.time[key] = self.clock
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        if len(self.nexts) > self.generation:
+            self.old = self.nexts
+            forks = {key: seen for key, seen in self.old.items() if len(seen) >= 2}
+            self.nexts = forks if len(forks) <= self.generation // 2 else {}
+            self.marked = {key for key in self.marked if key in self.old}
+        deepest = -1
+        for i, key in enumerate(keys[:-1]):
+            if key not in self.nexts:
+                self.nexts[key] = self.old.pop(key) if key in self.old else set()
+            if len(self.nexts[key]) < self.kids:
+                self.nexts[key].add(keys[i + 1])
+            if len(self.nexts[key]) >= self.kids or key in self.marked:
+                deepest = i
+        for key in keys[: deepest + 1]:
+            if key not in self.marked:
+                self.marked.add(key)
+                if key in self.unshared:
+                    self.unshared.remove(key)
+                    self.shared.append(key)
+
+    def add(self, key: BlockHash) -> None:
+        assert key not in self.unshared and key not in self.shared
+        if key in self.ghosts_u:
+            self.ghosts_u.remove(key)
+            self.p = max(0.0, self.p - max(1.0, len(self.ghosts_s) / (len(self.ghosts_u) + 1)))
+        elif key in self.ghosts_s:
+            self.ghosts_s.remove(key)
+            self.p = min(
+                float(self.capacity),
+                self.p + max(1.0, len(self.ghosts_u) / (len(self.ghosts_s) + 1)),
+            )
+        (self.shared if key in self.marked else self.unshared).append(key)
+        self._stamp(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        for segment in (self.unshared, self.shared):
+            if key in segment:
+                _to_mru(segment, key)
+                self._stamp(key)
+
+    def remove(self, key: BlockHash) -> None:
+        (self.unshared if key in self.unshared else self.shared).remove(key)
+        del self.time[key]
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        u = _evictable(self.unshared, is_held, protected)
+        s = _evictable(self.shared, is_held, protected)
+        shared_count = len(self.shared)
+        victims: list[BlockHash] = []
+        while len(victims) < n:
+            take_s = not u or bool(
+                shared_count > self.p and s and self.time[s[0]] < self.time[u[0]]
+            )
+            if take_s:
+                if not s:
+                    return None
+                victims.append(s.pop(0))
+                shared_count -= 1
+            else:
+                victims.append(u.pop(0))
+        return victims
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            ghosts = self.ghosts_s if key in self.shared else self.ghosts_u
+            self.remove(key)
+            ghosts.append(key)
+            if len(ghosts) > self.capacity:
+                del ghosts[0]
+
+
+def _branch_model(capacity: int) -> EvictionPolicy:
+    """The model with the policy's constants (read, not shared, from the module)."""
+    from kvtier.scheduler.policies import branch
+
+    return BranchModel(
+        capacity,
+        share=branch.SHARE,
+        kids=branch.KIDS,
+        generation=max(branch.MIN_GENERATION, branch.PRUNE_FACTOR * capacity // 2),
+    )
+
+
+CANDIDATE_MODELS: tuple[Callable[[int], EvictionPolicy], ...] = (
+    LRUModel,
+    ARCModel,
+    SLRUModel,
+    _branch_model,
+)
+"""The leader's shadows' models, in ``leader.CANDIDATES``' order."""
+
+CANDIDATE_NAMES = ("lru", "arc", "slru", "branch")
+
+
 class _ShadowModel:
     """A candidate's model over keys only, serving each looked-up request plainly."""
 
@@ -271,6 +425,7 @@ class _ShadowModel:
 
     def serve(self, keys: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
         """The manager's flow for one request: ``(evicted, stored)``."""
+        self.model.observe(keys)
         hit = 0
         while hit < len(keys) and keys[hit] in self.resident:
             hit += 1
@@ -304,7 +459,7 @@ class _ShadowModel:
 
 
 class LeaderModel(EvictionPolicy):
-    """Follow the leader among LRU, ARC and SLRU (``policies/leader.py``), plainly.
+    """Follow the leader among LRU, ARC, SLRU and branch (``policies/leader.py``), plainly.
 
     Three shadow models serve looked-up requests as the manager would. At ``rate``
     1 they see every request, at the tier's capacity, and the tier follows the leader
@@ -343,20 +498,18 @@ class LeaderModel(EvictionPolicy):
     ) -> None:
         super().__init__(capacity)
         self.rate = rate
-        self.shadows = [
-            _ShadowModel(cls(capacity // rate)) for cls in (LRUModel, ARCModel, SLRUModel)
-        ]
-        self.scores = [0.0, 0.0, 0.0]
+        self.shadows = [_ShadowModel(make(capacity // rate)) for make in CANDIDATE_MODELS]
+        self.scores = [0.0] * len(self.shadows)
         self.leader = start
         self.window = max(1, max(window, capacity // 4) // rate)
         self.left = self.window
         self.decay = decay
         self.margin = margin
         self.early = early
-        self.since: list[list[tuple[int, int, int]]] = []  # per-request hits since deciding
+        self.since: list[tuple[int, ...]] = []  # per-request hits since deciding
         self.kept: list[BlockHash] = []
         self.extra: list[BlockHash] = []
-        self.tier = (LRUModel, ARCModel, SLRUModel)[start](capacity)
+        self.tier = CANDIDATE_MODELS[start](capacity)
         self.resident: list[BlockHash] = []
         self.pending: int | None = None  # the leader the sampled tier has not taken on
 
@@ -374,7 +527,11 @@ class LeaderModel(EvictionPolicy):
         return self.tier.name if self.rate > 1 else self.shadows[self.leader].model.name
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        if not keys or zlib.crc32(keys[0]) % self.rate != 0:
+        if not keys:
+            return
+        if self.rate > 1:
+            self.tier.observe(keys)  # a sampled tier's policy learns every request
+        if zlib.crc32(keys[0]) % self.rate != 0:
             return
         before = [shadow.hits for shadow in self.shadows]
         for i, shadow in enumerate(self.shadows):
@@ -390,7 +547,7 @@ class LeaderModel(EvictionPolicy):
                     self.extra.remove(key)
                     self.kept.append(key)
         gained = [shadow.hits - hits for shadow, hits in zip(self.shadows, before, strict=True)]
-        self.since.append((gained[0], gained[1], gained[2]))
+        self.since.append(tuple(gained))
         self.left -= len(keys)
         if self.left <= 0 or self._clearly_led():
             self.since = []
@@ -413,7 +570,7 @@ class LeaderModel(EvictionPolicy):
             self.left = self.window
 
     def _clearly_led(self) -> bool:
-        for other in range(3):
+        for other in range(len(self.shadows)):
             lead = sum(hits[other] - hits[self.leader] for hits in self.since)
             spread = math.sqrt(sum((hits[other] - hits[self.leader]) ** 2 for hits in self.since))
             if lead > 0 and lead > self.early * spread:
@@ -457,12 +614,12 @@ class LeaderModel(EvictionPolicy):
     ) -> list[BlockHash] | None:
         if self.rate > 1:
             if self.pending is not None:
-                if self.pending != (LRUModel, ARCModel, SLRUModel).index(type(self.tier)):
+                if CANDIDATE_NAMES[self.pending] != self.tier.name:
                     held = sorted(key for key in self.resident if is_held(key))
                     free = len(self.resident) - len(held)
                     order = self.tier.choose_victims(free, is_held, (), ()) if free else []
                     assert order is not None
-                    self.tier = (LRUModel, ARCModel, SLRUModel)[self.pending](self.capacity)
+                    self.tier = CANDIDATE_MODELS[self.pending](self.capacity)
                     for key in held + order:
                         self.tier.add(key)
                 self.pending = None

@@ -15,7 +15,7 @@ from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
-from .models import LeaderModel
+from .models import CANDIDATE_NAMES, LeaderModel
 from .twins import block_key, manager_for, serve
 
 
@@ -65,7 +65,7 @@ def test_manager_over_leader_matches_manager_over_its_model(
             if load and hit:
                 for m in (real, twin):
                     m.complete_load(keys[:hit])
-            assert policy.leader == ("lru", "arc", "slru")[model.leader]
+            assert policy.leader == CANDIDATE_NAMES[model.leader]
             assert policy.sizes == model.sizes
 
 
@@ -139,6 +139,6 @@ def test_a_clear_lead_ends_a_window_early(monkeypatch: pytest.MonkeyPatch, early
             fresh += 4
         assert _serve(tier, ids) == _serve(twin, ids)
         assert policy.sizes == model.sizes, f"step {step}"
-        assert policy.leader == ("lru", "arc", "slru")[model.leader]
+        assert policy.leader == CANDIDATE_NAMES[model.leader]
         leaders.append(policy.leader)
     assert leaders[-1] == ("lru" if early == math.inf else "slru")

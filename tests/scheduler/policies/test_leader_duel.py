@@ -23,7 +23,7 @@ from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 from tests.budget import examples
 
-from .models import ARCModel, LeaderModel, LRUModel, SLRUModel, _ShadowModel
+from .models import CANDIDATE_MODELS, CANDIDATE_NAMES, LeaderModel, _ShadowModel
 from .twins import block_key, manager_for, serve
 
 
@@ -31,11 +31,11 @@ def _never_held(key: BlockHash) -> bool:
     return False
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 @pytest.mark.parametrize("capacity", [1, 2, 3, 5])
 def test_each_shadow_serves_a_request_as_its_model_does(index: int, capacity: int) -> None:
     shadow = leader._Shadow(leader.CANDIDATES[index], capacity)
-    model = _ShadowModel((LRUModel, ARCModel, SLRUModel)[index](capacity))
+    model = _ShadowModel(CANDIDATE_MODELS[index](capacity))
     rng = random.Random(capacity * 3 + index)
     for _ in range(300):
         keys = [block_key(rng.randrange(2 * capacity + 3)) for _ in range(rng.randint(1, 5))]
@@ -71,7 +71,7 @@ def _run(
         if load and hit:
             for m in (real, twin):
                 m.complete_load(keys[:hit])
-        assert policy.leader == ("lru", "arc", "slru")[model.leader]
+        assert policy.leader == CANDIDATE_NAMES[model.leader]
         assert policy.sizes == model.sizes
         n = len(policy)
         if n:

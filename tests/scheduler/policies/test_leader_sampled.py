@@ -25,7 +25,7 @@ from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
-from .models import LeaderModel
+from .models import CANDIDATE_NAMES, LeaderModel
 from .twins import block_key, manager_for, serve
 
 
@@ -41,7 +41,7 @@ def _small_samples(mp: pytest.MonkeyPatch) -> None:
 def test_large_tiers_sample_their_shadows_as_adaptive_does(capacity: int, rate: int) -> None:
     policy = LeaderPolicy(capacity)
     assert policy.sample_rate == rate == sampling.sample_rate(capacity)
-    assert [s.capacity for s in policy._shadows] == [capacity // rate] * 3
+    assert [s.capacity for s in policy._shadows] == [capacity // rate] * len(leader.CANDIDATES)
 
 
 @pytest.mark.parametrize(("start", "name"), list(enumerate(("lru", "arc", "slru"))))
@@ -99,7 +99,7 @@ def _run(
             done = pinned.pop(0)
             for m in (real, twin):
                 m.complete_load(done)
-        assert policy.leader == ("lru", "arc", "slru")[model.leader]
+        assert policy.leader == CANDIDATE_NAMES[model.leader]
         assert len(policy) == len(model)
         n = len(policy) - sum(map(real._is_held, real._slots))
         if n:
@@ -244,7 +244,7 @@ def test_a_rebuild_takes_every_block_parked_ones_included(
     assert policy.choose_victims(1, held.__contains__, (), ()) == [keys[2]]  # parks 0, 1
     policy._tier.lead(policy._shadows[to])
     victims = policy.choose_victims(5, held.__contains__, (), ())  # rebuilds, then asks
-    assert policy.follows == ("lru", "arc", "slru")[to]
+    assert policy.follows == CANDIDATE_NAMES[to]
     assert sorted(policy._tier.policy.keys()) == keys and len(policy) == 8
     assert victims == [keys[2], keys[3], keys[4], keys[6], keys[7]]
     policy.touch(keys[6], True)  # a reuse: to T2 / protected, the second segment

@@ -101,8 +101,9 @@ class EvictionPolicy(ABC):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         """A request looked up ``keys`` (its whole prefix, in order). Default: nothing.
 
-        For a policy that learns from the traffic (``adaptive``); it must not change
-        which blocks are resident or their order.
+        For a policy that learns from the traffic (``adaptive``, ``branch``); it must
+        not add or remove resident blocks. It may reorder them (``branch`` moves the
+        blocks of a shared prefix to its shared list, changing the eviction order).
         """
         del keys  # most policies learn only from add and touch
 

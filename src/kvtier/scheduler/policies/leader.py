@@ -1,12 +1,15 @@
-"""Follow the leader: the tier keeps what the best of LRU, ARC and SLRU would keep.
+"""Follow the leader: the tier keeps what the best of LRU, ARC, SLRU and branch would keep.
 
 Runs in the scheduler; pure Python. No fixed policy wins everywhere (``docs/simulate.md``):
 LRU is best when every block's next use is near (chat turns, re-asked documents), ARC
 or a segmented LRU when most blocks are used once and the reused ones come back from
-far. This policy runs each of them, unchanged, as a keys-only *shadow* of the tier and
-makes the tier follow the best shadow of the moment::
+far, and ``branch`` (``policies/branch.py``: LRU that spares the prompts many requests
+continue) at small tiers under many conversations or agents on shared prompts. This
+policy runs each of them, unchanged, as a keys-only *shadow* of the tier and makes the
+tier follow the best shadow of the moment::
 
-    observe(keys) ──► each shadow (a real lru / arc / slru policy over keys only)
+    observe(keys) ──► each shadow (a real lru / arc / slru / branch policy over keys
+                      only; branch first learns the request's prefix structure)
                       serves the request as the manager would: prefix hit counted,
                       resident keys used, missing keys stored (its own evictions)
 
@@ -20,7 +23,8 @@ lead of ``EARLY`` standard deviations: a large real difference can show before t
 window ends, noise seldom reaches it). Decisions are at least 17 (sampled) requests
 apart: over n requests the lead is at most sqrt(n) standard deviations
 (Cauchy-Schwarz), so ``EARLY`` = 4 needs n > 16. Tuned on the 13 workloads of
-``benchmarks/policy_cells.py`` (``docs/simulate.md``). How the tier follows depends
+``benchmarks/policy_cells.py`` (``docs/simulate.md``; the constants were tuned with
+three shadows and kept when ``branch`` joined). How the tier follows depends
 on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
 
 * **In step** (R = 1, ``_InStep``): the shadows are the tier's size and see every
@@ -31,14 +35,16 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   are exactly the leader's. A switch re-sorts the blocks into kept and extra:
   O(capacity), at most once per decision.
 * **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
-  1 request in R (SHARDS), so they cost about 3/R of a full shadow per looked-up key,
+  1 request in R (SHARDS), so they cost about 4/R of a full shadow per looked-up key,
   but cannot say which of the tier's blocks the leader would hold. The tier keeps its
   blocks in a real instance of the leader's policy instead; at a switch, at the next
   search for victims, a new instance of the new leader's policy gets the tier's
   blocks, held ones first, then the others in the old instance's eviction order (as
-  if each had been stored once, in that order: no ghosts, nothing protected yet).
-  O(capacity), at most once per decision; touch and eviction cost the policy's own
-  (the instance's blocks are the tier's: no set of them is kept beside it).
+  if each had been stored once, in that order: no ghosts, nothing protected yet; a
+  new ``branch`` instance has learned no structure yet). O(capacity), at most once
+  per decision; touch and eviction cost the policy's own (the instance's blocks are
+  the tier's: no set of them is kept beside it). The instance is shown every lookup
+  (``observe``), so a ``branch`` tier learns the whole traffic, not the sample.
 
 Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
 proportional to the blocks evicted, not to the blocks pinned (a rebuilt instance
@@ -53,14 +59,20 @@ from itertools import filterfalse, takewhile
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.branch import SharedPrefixPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
 from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 
-CANDIDATES: tuple[type[EvictionPolicy], ...] = (LRUPolicy, ARCPolicy, SegmentedLRUPolicy)
-"""The policies the shadows run; the first leads until another scores better."""
+CANDIDATES: tuple[type[EvictionPolicy], ...] = (
+    LRUPolicy,
+    ARCPolicy,
+    SegmentedLRUPolicy,
+    SharedPrefixPolicy,
+)
+"""The policies the shadows run (``START`` leads first, until another scores better)."""
 
 DECAY = 0.75
 """Weight of the past at each decision (the scores remember about four windows)."""
@@ -97,13 +109,14 @@ def _never_held(key: BlockHash) -> bool:
 class _Shadow:
     """One candidate policy over keys only, fed whole requests the manager's way."""
 
-    __slots__ = ("capacity", "hits", "policy", "resident")
+    __slots__ = ("capacity", "hits", "learns", "policy", "resident")
 
     def __init__(self, cls: type[EvictionPolicy], capacity: int) -> None:
         self.capacity = capacity
         self.policy = cls(capacity)
         self.resident: set[BlockHash] = set()
         self.hits = 0
+        self.learns = cls.observe is not EvictionPolicy.observe  # shown every request
 
     def request(self, keys: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
         """Serve one lookup; return ``(evicted, stored)`` keys.
@@ -114,6 +127,8 @@ class _Shadow:
         only for the stored ones). Batch calls: C-level passes where they can be.
         """
         resident, policy = self.resident, self.policy
+        if self.learns:
+            policy.observe(keys)
         if all(map(resident.__contains__, keys)):  # the usual case at a hit: all resident
             self.hits += len(keys)
             policy.touch_all(keys[::-1], _NONE_STORING)
@@ -263,6 +278,11 @@ class _Rebuilt(EvictionPolicy):
         self.policy = policy
         self._next = None
 
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        """Every request, sampled or not: a policy that learns (``branch``) learns the
+        tier's whole traffic."""
+        self.policy.observe(keys)
+
     def add(self, key: BlockHash) -> None:
         self.policy.add(key)
 
@@ -301,7 +321,7 @@ class _Rebuilt(EvictionPolicy):
 
 
 class LeaderPolicy(EvictionPolicy):
-    """The tier follows whichever of LRU, ARC and SLRU has hit most lately."""
+    """The tier follows whichever of LRU, ARC, SLRU and branch has hit most lately."""
 
     name = "leader"
 
@@ -347,7 +367,10 @@ class LeaderPolicy(EvictionPolicy):
         return len(self._tier)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        if not keys or (self._mask and not is_sampled(keys, self._mask)):
+        if not keys:
+            return
+        self._tier.observe(keys)
+        if self._mask and not is_sampled(keys, self._mask):
             return
         shadows, lead = self._shadows, self._leader
         before = [shadow.hits for shadow in shadows]
