@@ -21,8 +21,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 START_TIMEOUT_S = 10.0
+PORT_TRIES = 5
+
+
+class PortTaken(RuntimeError):
+    """``redis-server`` could not bind its port: something else took it first."""
 
 
 def require_redis() -> None:
@@ -81,6 +88,7 @@ class RedisServer:
         self.args = list(args) + (["--requirepass", password] if password else [])
         self.port = free_port(cluster="--cluster-enabled" in self.args)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False  # once started, the port is the server's: restarts keep it
         workdir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -88,22 +96,51 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
-        """Start the server and wait until it answers PING."""
+        """Start the server and wait until it answers (itself, not another on its port).
+
+        The port was free when it was picked, not reserved: another process may have
+        bound it since. A first start that finds it taken picks another port and starts
+        again; a later start (after ``kill``, ``stop``) keeps its port, which clients know.
+        """
         require_redis()
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start()
+            except PortTaken:
+                if self._started:
+                    raise
+                self.port = free_port(cluster="--cluster-enabled" in self.args)
+        return self._start()
+
+    def _start(self) -> RedisServer:
         cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
         cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
-        with open(self.workdir / "redis.log", "ab") as log:
+        log_path = self.workdir / "redis.log"
+        seen = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + START_TIMEOUT_S
-        with redis.Redis(port=self.port, password=self.password, socket_timeout=1.0) as client:
+        # No retries inside a call (redis-py's default backs off for seconds): this loop
+        # polls, and a port held by a process that never answers costs one timeout.
+        once = Retry(NoBackoff(), 0)
+        with redis.Redis(
+            port=self.port, password=self.password, socket_timeout=1.0, retry=once
+        ) as client:
             while True:
                 try:
-                    client.ping()
-                    return self
+                    # Our process answers, not another server that holds the port.
+                    if client.info("server")["process_id"] == self.proc.pid:
+                        self._started = True
+                        return self
+                    raise redis.ConnectionError("another server answers on this port")
                 except redis.RedisError as e:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
-                        log = (self.workdir / "redis.log").read_text(errors="replace")
+                        with open(log_path, "rb") as f:
+                            f.seek(seen)
+                            log = f.read().decode(errors="replace")
                         self.stop()
+                        if "Address already in use" in log:
+                            raise PortTaken(f"port {self.port} taken:\n{log[-2000:]}") from e
                         raise RuntimeError(f"redis-server did not start:\n{log[-2000:]}") from e
                     time.sleep(0.02)
 

@@ -53,9 +53,9 @@ CHILD = textwrap.dedent(
 def _child(config: dict[str, object]) -> str:
     code = CHILD.format(limit=LIMIT, config=repr(config))
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
+    # No bound of its own (the test's timeout is one): under load, importing torch
+    # alone took 30 s.
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.strip()
 

@@ -129,7 +129,7 @@ def _child(path: Path, n: int, keep: int = 0, announce: int = 0) -> subprocess.P
 
 def test_persists_across_processes(tmp_path: Path) -> None:
     child = _child(tmp_path, 5)
-    child.communicate(timeout=60)
+    child.communicate()  # no bound of its own: importing torch alone took 30 s under load
     assert child.returncode == 0
     s = DiskStore.open(tmp_path, FP, 16 * MiB)
     assert sorted(b.key for b in s.recovered) == [key(i) for i in range(5)]
