@@ -318,7 +318,7 @@ def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
     """Two connections, both held; a third user blocks in the pool. When one holder
     finishes, its connection must go to the pool (which wakes the waiter), not to the
     idle stack the waiter no longer looks at: else the waiter times out with one idle."""
-    s = open_store(server, max_connections=2, timeout_s=2.0)
+    s = open_store(server, max_connections=2, timeout_s=10.0)
     link = s._connect()
     release_a, release_b, holding = threading.Event(), threading.Event(), threading.Barrier(3)
     got: list[object] = []
@@ -344,7 +344,7 @@ def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
         waiter.start()
         time.sleep(0.2)  # the third user is blocked in the pool by now
         release_a.set()
-        waiter.join(5)
+        waiter.join(30)
         assert len(got) == 1 and not isinstance(got[0], Exception), got
     finally:
         release_a.set()

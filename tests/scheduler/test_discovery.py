@@ -27,6 +27,7 @@ class Gate:
         self.raises = raises
         self.outages = 0
         self.release = threading.Event()
+        self.entered = threading.Event()
         self.started = 0
         self.finished = 0
         self.threads: set[str] = set()
@@ -36,6 +37,7 @@ class Gate:
         with self._lock:
             self.started += 1
             self.threads.add(threading.current_thread().name)
+        self.entered.set()
         self.release.wait(10)
         with self._lock:
             self.finished += 1
@@ -59,7 +61,8 @@ def test_checks_run_one_at_a_time_on_a_named_thread() -> None:
     d = Discovery(store)
     d.ask(keys(1))
     d.ask(keys(2))
-    time.sleep(0.2)
+    assert store.entered.wait(30), "the first check never started"
+    time.sleep(0.2)  # time for a wrong second check to start beside it
     assert store.started == 1, "the second check waits for the first"
     store.release.set()
     d.wait()
