@@ -27,7 +27,8 @@ looked up in this generation and the last; a generation ends when it has learned
 ``PRUNE_FACTOR / 2`` x capacity keys, and the next starts with the forks only (keys
 with two next keys or more: a few prompts, kept while they fill at most half a
 generation). So at most ``PRUNE_FACTOR`` x capacity keys are remembered (plus two
-requests'), and the few keys a branching point needs survive the churn of
+requests', and a cache of whole requests already learned: at most a generation's
+worth of keys), and the few keys a branching point needs survive the churn of
 conversation histories (aging them with the rest cost ``chat`` at 1 % 0.9 points). A
 key's shared mark lasts while it is remembered. Sampled by first key
 (``sampling.is_sampled``), a shadow sees every request of a root or none, so a
@@ -78,6 +79,11 @@ class SharedPrefixPolicy(SegmentedPolicy):
         # (key, next key) pairs learned in this generation: a request made only of them,
         # with no shared key, teaches nothing (``observe``'s fast path)
         self._pairs: set[tuple[BlockHash, BlockHash]] = set()
+        # whole requests all of whose pairs are in ``_pairs`` (a cache of it, emptied
+        # with it; at most a generation's worth of keys): a request seen again is
+        # found by one tuple hash, not a tuple per pair
+        self._known: set[tuple[BlockHash, ...]] = set()
+        self._known_keys = 0
         self._is_shared: set[BlockHash] = set()
         self._generation = max(MIN_GENERATION, PRUNE_FACTOR * capacity // 2)  # keys learned
 
@@ -107,9 +113,14 @@ class SharedPrefixPolicy(SegmentedPolicy):
             self._age()
         nexts, old, shared = self._next, self._old, self._is_shared
         head = keys[:-1]
-        pairs = zip(head, keys[1:], strict=True)
-        if self._pairs.issuperset(pairs) and shared.isdisjoint(head):
-            return  # the usual case, two C-level passes: nothing new, nothing shared
+        request = tuple(keys)
+        if request in self._known:  # every pair learned: new only if something is shared
+            if not shared or shared.isdisjoint(head):
+                return  # the usual case: nothing new, nothing shared
+        elif self._pairs.issuperset(zip(head, keys[1:], strict=True)):
+            self._remember(request)
+            if not shared or shared.isdisjoint(head):
+                return  # nothing new, nothing shared (C-level passes)
         deepest = -1
         for i in range(len(keys) - 1):
             key = keys[i]
@@ -122,7 +133,9 @@ class SharedPrefixPolicy(SegmentedPolicy):
                 deepest = i
         if len(self._pairs) > self._generation:
             self._pairs.clear()  # a cache: what it forgets is looked at again
+            self._forget_known()
         self._pairs.update(zip(head, keys[1:], strict=True))
+        self._remember(request)
         if deepest < 0:
             return
         new = [key for key in keys[: deepest + 1] if key not in shared]
@@ -131,6 +144,18 @@ class SharedPrefixPolicy(SegmentedPolicy):
         if moving:
             self._unshared.transfer(moving, self._shared)
 
+    def _remember(self, request: tuple[BlockHash, ...]) -> None:
+        """Note a request all of whose pairs are in ``_pairs`` now."""
+        self._known_keys += len(request)
+        if self._known_keys > self._generation:  # bounded like ``_pairs``
+            self._forget_known()
+            self._known_keys = len(request)
+        self._known.add(request)
+
+    def _forget_known(self) -> None:
+        self._known = set()
+        self._known_keys = 0
+
     def _age(self) -> None:
         """Start a new generation: the keys looked up during neither this one nor the
         last are forgotten (their next keys and their shared mark), but for the forks
@@ -138,6 +163,7 @@ class SharedPrefixPolicy(SegmentedPolicy):
         generation."""
         old = self._old = self._next
         self._pairs = set()
+        self._forget_known()
         forks = {key: seen for key, seen in old.items() if len(seen) > 1}
         self._next = forks if len(forks) <= self._generation // 2 else {}
         self._is_shared = {key for key in self._is_shared if key in old}

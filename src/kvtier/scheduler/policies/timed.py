@@ -12,6 +12,13 @@ hash-table insert and delete per stored block, and one more write per touch)::
 A key moved to another list by ``transfer`` (a demotion) keeps its time; a parked key
 keeps it while parked. Every method stamps each key it adds or touches once, in the
 order of its keys, so a batch method leaves the same times as its per-key loop.
+
+The batch methods write the times of keys already in the list (just moved to the hot
+end) with ``dict.update`` on the ``OrderedDict``: for a key it holds, that replaces
+the value and nothing else, as ``OrderedDict.__setitem__`` itself does (its pure-Python
+reference implementation calls ``dict.__setitem__`` for a key it holds), without
+``OrderedDict``'s own bookkeeping per key: half the cost of a touch's time writes
+(``OrderedDict.update`` costs ~75 ns a key on the bench VM, this ~35 ns).
 """
 
 from __future__ import annotations
@@ -21,6 +28,9 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 
 from kvtier.scheduler.policies.recency import K, RecencyList
+
+_set_held = dict.update
+"""Replace the values of keys a list holds (never a new key: it would not be linked)."""
 
 
 class TimedRecencyList(RecencyList[K]):
@@ -70,13 +80,14 @@ class TimedRecencyList(RecencyList[K]):
         else:  # the usual case: two C-level passes
             deque(map(self._order.move_to_end, keys), maxlen=0)
             # a repeated key keeps its last time
-            self._order.update(zip(keys, self._clock, strict=False))
+            _set_held(self._order, zip(keys, self._clock, strict=False))
 
     def touch_listed(self, keys: Sequence[K]) -> int:
         done = super().touch_listed(keys)
-        self._order.update(zip(islice(keys, done), self._clock, strict=False))
+        touched = keys if done == len(keys) else islice(keys, done)
+        _set_held(self._order, zip(touched, self._clock, strict=False))
         return done
 
     def move_all_to_end(self, keys: Sequence[K]) -> None:
-        super().move_all_to_end(keys)
-        self._order.update(zip(keys, self._clock, strict=False))
+        super().move_all_to_end(keys)  # every key is in the order now
+        _set_held(self._order, zip(keys, self._clock, strict=False))
