@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from itertools import filterfalse, takewhile
+from zlib import crc32
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.arc import ARCPolicy
@@ -62,7 +63,7 @@ from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 from kvtier.scheduler.policies.branch import SharedPrefixPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
-from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
+from kvtier.scheduler.policies.sampling import sample_rate
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
 
@@ -129,7 +130,7 @@ class _Shadow:
         resident, policy = self.resident, self.policy
         if self.learns:
             policy.observe(keys)
-        if all(map(resident.__contains__, keys)):  # the usual case at a hit: all resident
+        if resident.issuperset(keys):  # the usual case at a hit: all resident (C-level)
             self.hits += len(keys)
             policy.touch_all(keys[::-1], _NONE_STORING)
             return [], []
@@ -164,6 +165,8 @@ class _InStep(SegmentedPolicy):
     stored it). Victims come from extra first, so in step with the leader the tier
     evicts exactly the leader's victims.
     """
+
+    learns = False  # ``observe`` is the base's: nothing to learn
 
     def __init__(self, capacity: int, leader: _Shadow) -> None:
         self._kept: RecencyList[BlockHash] = RecencyList()
@@ -246,6 +249,7 @@ class _Rebuilt(EvictionPolicy):
         # The tier's blocks are the instance's (no set of them beside it: that cost a
         # set insert and delete per stored and evicted block).
         self.policy = type(leader.policy)(capacity)
+        self.learns = leader.learns  # whether ``policy`` learns in ``observe``
         self._next: type[EvictionPolicy] | None = None  # a leader not yet taken on
 
     def __len__(self) -> int:
@@ -276,6 +280,7 @@ class _Rebuilt(EvictionPolicy):
         policy = cls(self.capacity)
         policy.add_all(held + order)
         self.policy = policy
+        self.learns = cls.observe is not EvictionPolicy.observe
         self._next = None
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
@@ -369,19 +374,23 @@ class LeaderPolicy(EvictionPolicy):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if not keys:
             return
-        self._tier.observe(keys)
-        if self._mask and not is_sampled(keys, self._mask):
+        tier, mask = self._tier, self._mask
+        if tier.learns:
+            tier.observe(keys)
+        if mask and crc32(keys[0]) & mask:  # not sampled (``sampling.is_sampled``, inline)
             return
         shadows, lead = self._shadows, self._leader
-        before = [shadow.hits for shadow in shadows]
-        for i, shadow in enumerate(shadows):
-            evicted, stored = shadow.request(keys)
-            if i == lead:
-                self._tier.follow(evicted, stored)
-        own = shadows[lead].hits - before[lead]
+        gains = []  # each shadow's hits in this request
+        for shadow in shadows:
+            before = shadow.hits
+            moves = shadow.request(keys)
+            gains.append(shadow.hits - before)
+            if shadow is shadows[lead]:
+                tier.follow(*moves)
+        own = gains[lead]
         squares = self._squares
-        for i, shadow in enumerate(shadows):
-            squares[i] += (shadow.hits - before[i] - own) ** 2
+        for i, gain in enumerate(gains):
+            squares[i] += (gain - own) ** 2
         self._left -= len(keys)
         if self._left <= 0 or self._clear_lead():
             self._decide()
