@@ -111,13 +111,12 @@ class SharedPrefixPolicy(SegmentedPolicy):
         up to its deepest branching point or already shared key."""
         if len(self._next) > self._generation:
             self._age()
-        nexts, old, shared = self._next, self._old, self._is_shared
-        head = keys[:-1]
-        request = tuple(keys)
-        if request in self._known:  # every pair learned: new only if something is shared
-            if not shared or shared.isdisjoint(head):
-                return  # the usual case: nothing new, nothing shared
-        elif self._pairs.issuperset(zip(head, keys[1:], strict=True)):
+        shared, request = self._is_shared, tuple(keys)
+        known = request in self._known  # every pair learned: new only if something is shared
+        if known and (not shared or shared.isdisjoint(request[:-1])):
+            return  # the usual case: nothing new, nothing shared
+        nexts, old, head = self._next, self._old, keys[:-1]
+        if not known and self._pairs.issuperset(zip(head, keys[1:], strict=True)):
             self._remember(request)
             if not shared or shared.isdisjoint(head):
                 return  # nothing new, nothing shared (C-level passes)
