@@ -190,14 +190,17 @@ class SharedPrefixPolicy(SegmentedPolicy):
         (a request's shared prompt, then its history); the keys after them (more runs,
         or parked keys) one by one, so the work stays linear in ``len(keys)`` whatever
         is parked or however the keys alternate between the lists."""
+        if not keys:
+            return
         shared, unshared = self._shared, self._unshared
-        i, n = 0, len(keys)
-        for _ in range(2):  # the shared prompt, then the history: a C-level pass each
-            if i == n:
-                return
-            rest = keys[i:] if i else keys
-            # a failed touch_listed counts the rest in Python: at most twice
-            i += (shared if rest[0] in shared else unshared).touch_listed(rest)
+        # the shared prompt, then the history: a C-level pass each (a failed
+        # touch_listed counts the rest in Python: at most twice)
+        i = (shared if keys[0] in shared else unshared).touch_listed(keys)
+        n = len(keys)
+        if i == n:
+            return
+        rest = keys[i:]
+        i += (shared if rest[0] in shared else unshared).touch_listed(rest)
         for key in keys[i:]:  # more runs, or parked keys: one by one
             self.touch(key, True)
 

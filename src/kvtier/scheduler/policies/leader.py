@@ -119,8 +119,11 @@ class _Shadow:
         self.hits = 0
         self.learns = cls.observe is not EvictionPolicy.observe  # shown every request
 
-    def request(self, keys: Sequence[BlockHash]) -> tuple[list[BlockHash], list[BlockHash]]:
-        """Serve one lookup; return ``(evicted, stored)`` keys.
+    def request(
+        self, keys: Sequence[BlockHash], backwards: Sequence[BlockHash] | None = None
+    ) -> tuple[list[BlockHash], list[BlockHash]]:
+        """Serve one lookup; return ``(evicted, stored)`` keys (``backwards``: ``keys``
+        reversed, if the caller has it: one copy for all the shadows).
 
         As the manager serves it: the prefix hit is counted, every resident key is
         used (the first key last), the missing keys are stored (evicting, but never
@@ -132,7 +135,7 @@ class _Shadow:
             policy.observe(keys)
         if resident.issuperset(keys):  # the usual case at a hit: all resident (C-level)
             self.hits += len(keys)
-            policy.touch_all(keys[::-1], _NONE_STORING)
+            policy.touch_all(keys[::-1] if backwards is None else backwards, _NONE_STORING)
             return [], []
         hit = len(list(takewhile(resident.__contains__, keys)))
         self.hits += hit
@@ -381,9 +384,10 @@ class LeaderPolicy(EvictionPolicy):
             return
         shadows, lead = self._shadows, self._leader
         gains = []  # each shadow's hits in this request
+        backwards = keys[::-1]
         for shadow in shadows:
             before = shadow.hits
-            moves = shadow.request(keys)
+            moves = shadow.request(keys, backwards)
             gains.append(shadow.hits - before)
             if shadow is shadows[lead]:
                 tier.follow(*moves)
