@@ -26,13 +26,13 @@ when the store went down) neither extend nor grow the backoff: one outage counts
 from __future__ import annotations
 
 import enum
-import os
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from kvtier.media.forks import renew_after_fork
 
 
 class Health(str, enum.Enum):
@@ -93,7 +93,7 @@ class CircuitBreaker:
         self._outages = 0
         self._retry_at = 0.0
         self._last_error: str | None = None
-        _LIVE.add(self)
+        renew_after_fork(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock; a probe in flight (a parent thread's, gone)
@@ -164,15 +164,3 @@ class CircuitBreaker:
             self._failures += 1
             self._state = Health.UNHEALTHY
             self._retry_at = self._clock() + self.backoff.delay(self._failures, self._rng())
-
-
-_LIVE: weakref.WeakSet[CircuitBreaker] = weakref.WeakSet()
-"""Every ``CircuitBreaker`` alive, for ``_after_fork_in_child``."""
-
-
-def _after_fork_in_child() -> None:
-    for breaker in list(_LIVE):
-        breaker._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

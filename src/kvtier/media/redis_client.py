@@ -25,7 +25,6 @@ import select
 import socket
 import ssl
 import threading
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ from redis.retry import Retry
 
 from kvtier.errors import ConfigError
 from kvtier.media.circuit_breaker import Backoff
+from kvtier.media.forks import renew_after_fork
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +136,7 @@ class Connections:
         self._keep = max_connections - 1
         self._waiting = 0  # threads blocked in the pool for a connection
         self._lock = threading.Lock()
-        _LIVE.add(self)
+        renew_after_fork(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock, no idle connections, nobody waiting (the
@@ -189,18 +189,6 @@ class Connections:
                 self._pool.release(conn)
             # A client over a pool it was given does not close that pool's sockets.
             self._pool.disconnect()
-
-
-_LIVE: weakref.WeakSet[Connections] = weakref.WeakSet()
-"""Every ``Connections`` alive, for ``_after_fork_in_child``."""
-
-
-def _after_fork_in_child() -> None:
-    for conns in list(_LIVE):
-        conns._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _ready(sock: Any) -> bool:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -43,6 +42,7 @@ from kvtier.errors import TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike
 from kvtier.media.circuit_breaker import CircuitBreaker, Health
+from kvtier.media.forks import renew_after_fork
 from kvtier.media.redis_client import BlockValue, Connections, RemoteOptions, make_client
 from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages, set_from_pages
 
@@ -86,7 +86,7 @@ class RemoteStore:
         self._password = password
         self._link: Connections | None = None  # made on first use
         self._lock = threading.Lock()
-        _LIVE.add(self)
+        renew_after_fork(self)
 
     def _after_fork(self) -> None:
         """In a forked child: a fresh lock (a parent thread may have held the old one
@@ -322,15 +322,3 @@ class RemoteStore:
                 client = make_client(self.options, self._password)
                 self._link = Connections(client, self.options.max_connections)
             return self._link
-
-
-_LIVE: weakref.WeakSet[RemoteStore] = weakref.WeakSet()
-"""Every ``RemoteStore`` alive, for ``_after_fork_in_child``."""
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_LIVE):
-        store._after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
