@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from kvtier.bench import remote as remote_bench
 from kvtier.bench.remote import fill_keyspace, redis_benchmark, rounds_for
 from kvtier.cli import main
+from kvtier.config import OffloadingConfig
 
 from ..redis_server import RedisServer, require_redis
 
@@ -109,3 +111,13 @@ def test_a_reference_pass_too_short_for_its_clock_is_run_again_longer(
     monkeypatch.setattr(remote_bench.subprocess, "run", run)
     rate = redis_benchmark("redis://127.0.0.1:1/0", "get", 1000, 16, 16, 4, 2)
     assert rate == 2500.0 * 1000 and asked == [16, 32, 64]
+
+
+def test_the_default_run_measures_the_io_threads_an_engine_gets_by_default() -> None:
+    """Without ``--io-threads`` the benchmark runs as many jobs (and redis-benchmark as
+    many connections) as a configuration that leaves ``remote_io_threads`` unset."""
+    parser = argparse.ArgumentParser()
+    remote_bench.add_arguments(parser)
+    engine = OffloadingConfig.from_dict({"cpu_bytes_to_use": "1GiB", "remote_url": "redis://h"})
+    assert parser.parse_args([]).io_threads == engine.remote_io_threads
+    assert parser.parse_args(["--io-threads", "4"]).io_threads == 4

@@ -6,7 +6,10 @@ CPU->remote handler (``--io-threads`` jobs in flight, each one pipelined batch o
 ``--job-blocks`` values) and loaded back through the remote->CPU handler. In the same
 run, against the same server, ``redis-benchmark -t set|get -d <size> -P <job-blocks>
 -c <io-threads> -r <values>`` moves values of the same size over as many keys, with
-the same pipeline depth and the same number of connections.
+the same pipeline depth and the same number of connections. ``--io-threads``
+defaults to ``remote_io_threads``' default (2): the default run measures what an engine
+runs with unless told otherwise (until 2026-11-24 it ran 4; ``--io-threads 4`` still
+does).
 
 Passes are sized by time, not bytes: a 64 MiB pass lasts 25-60 ms, and the ratio of
 two such passes moved 0.46-0.83 between consecutive runs of the same code on a quiet
@@ -77,6 +80,7 @@ import torch
 from kvtier import options
 from kvtier.bench.disk import checksum_vs_copy
 from kvtier.blocks import BlockHash, BlockId
+from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.load_store_specs import CPULoadStoreSpec, RemoteLoadStoreSpec
 from kvtier.media.redis_client import RemoteOptions
@@ -84,6 +88,10 @@ from kvtier.media.remote import RemoteStore
 from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler
+
+DEFAULT_IO_THREADS = OffloadingConfig(cpu_bytes_to_use=1).remote_io_threads
+"""``--io-threads`` unless given: what an engine runs with ``remote_io_threads`` unset, so
+the default run measures the configuration a user gets."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,7 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats", type=options.positive, default=5, help="timed passes of each contender"
     )
     parser.add_argument(
-        "--io-threads", type=options.positive, default=4, help="jobs (connections) in flight"
+        "--io-threads",
+        type=options.positive,
+        default=DEFAULT_IO_THREADS,
+        help="jobs (connections) in flight per direction (default: remote_io_threads' default)",
     )
     parser.add_argument(
         "--job-blocks", type=options.positive, default=8, help="values per job (pipeline depth)"
