@@ -9,7 +9,7 @@ rewritten: ``sed -i -E 's/\\bfrom kvtier(\\.| import)/from kvtier_base\\1/g; s/\
 kvtier\\b/import kvtier_base/g'`` over its ``.py`` files). Both clients write and read
 the same pages under their own fingerprints on one ``redis-server``; passes alternate
 (base, new; stores, then loads) after one warm-up round; the figures are medians of
-``repeats``. The client CPU is this process's (``time.process_time``: every thread),
+``repeats``. The client CPU is this process's (``getrusage``: every thread),
 which a loaded machine disturbs far less than the wall-clock rate. ``AB_MIB`` sets
 the MiB per pass (default 256), ``AB_OPS`` the operations (default ``store,load``).
 """
@@ -21,12 +21,11 @@ import json
 import os
 import statistics
 import sys
-import time
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
-from remote_probes import server_cpu, write_in_threads
+from remote_probes import measured, read_in_threads, write_in_threads
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -42,28 +41,12 @@ def client(package: str, url: str, fingerprint: bytes) -> Any:
     return remote.RemoteStore.open(fingerprint, options, environ={})
 
 
-def passes(store: Any, keys: list[bytes], pages: np.ndarray, t: int, d: int) -> dict[str, Any]:
-    def read(batch: list[bytes], outs: list[np.ndarray]) -> None:
-        got = store.read_many_into(batch, outs)
-        if not all(o.value == "hit" for o in got):
-            raise RuntimeError("a load missed")
-
-    return {
-        "store": lambda: write_in_threads(store.write_many, keys, pages, t, d),
-        "load": lambda: write_in_threads(read, keys, pages, t, d),
-    }
-
-
-def measure(run: Callable[[], object], url: str) -> dict[str, float]:
-    s0, c0, t0 = server_cpu(url), time.process_time(), time.perf_counter()
-    run()
-    wall, cpu, server = (
-        time.perf_counter() - t0,
-        time.process_time() - c0,
-        server_cpu(url) - s0,
-    )
-    gb = TOTAL / 1e9
-    return {"gbps": gb / wall, "client_cpu_s_per_gb": cpu / gb, "server_cpu_s_per_gb": server / gb}
+def one_pass(store: Any, op: str, keys: list[bytes], pages: np.ndarray, t: int, d: int) -> None:
+    """Store (``op == "store"``) or load every key's page on ``t`` threads, ``d`` a call."""
+    if op == "store":
+        write_in_threads(store.write_many, keys, pages, t, d)
+    else:
+        read_in_threads(store, keys, pages, t, d)
 
 
 def main() -> None:
@@ -87,7 +70,8 @@ def main() -> None:
             for op in OPS:
                 for rep in range(repeats + 1):
                     for package, store in stores.items():
-                        got = measure(passes(store, keys, pages, t, d)[op], url)
+                        run = partial(one_pass, store, op, keys, pages, t, d)
+                        got = measured(run, TOTAL, url)
                         if rep:
                             runs.setdefault(f"{op} {t}x{d} {package}", []).append(got)
     rows = []

@@ -25,31 +25,34 @@ round; medians. Settings:
   process's: ``children`` CPU).
 
 The CPU of this process is ``getrusage`` (every thread), which a loaded machine
-disturbs less than the wall-clock rate.
+disturbs less than the wall-clock rate. The timing, the threads and redis-benchmark's
+runs are ``remote_probes``' (shared with the other ``remote_*`` scripts).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import os
 import re
-import resource
 import select
 import selectors
 import socket
 import statistics
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from remote_probes import batches, server_cpu, write_in_threads
+from remote_probes import (
+    batches,
+    connect,
+    measured,
+    read_in_threads,
+    redis_benchmark_rate,
+    write_in_threads,
+)
 
 from kvtier.bench.remote import fill_keyspace, local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -57,34 +60,8 @@ from kvtier.bench.report import git_commit, machine_info
 TOTAL = int(os.environ.get("PROBE_MIB", "256")) << 20
 
 
-def usage() -> tuple[float, float, float, float]:
-    """User and system CPU seconds, voluntary and involuntary context switches of this
-    process and its waited-for children."""
-    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (
-        a.ru_utime + b.ru_utime,
-        a.ru_stime + b.ru_stime,
-        a.ru_nvcsw + b.ru_nvcsw,
-        a.ru_nivcsw + b.ru_nivcsw,
-    )
-
-
-def rb_get(port: int, size: int, count: int, pipeline: int, clients: int) -> float:
-    cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-d", str(size), "-t", "get"]
-    cmd += ["-P", str(pipeline), "-c", str(clients), "-n", str(count), "-r", str(count), "--csv"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    (row,) = csv.DictReader(io.StringIO(out))
-    return float(row["rps"]) * size / 1e9
-
-
 def gets(names: list[bytes]) -> bytes:
     return b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(n), n) for n in names)
-
-
-def connect(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
 
 
 def fill(sock: socket.socket, bufs: list[memoryview], nonblocking: bool) -> None:
@@ -194,14 +171,6 @@ def loop_pass(port: int, size: int, pages: np.ndarray, c: int, d: int) -> None:
                 live -= 1
 
 
-def kvtier_pass(store: Any, keys: list[bytes], pages: np.ndarray, t: int, d: int) -> None:
-    def read(batch: list[bytes], outs: list[np.ndarray]) -> None:
-        if not all(o.value == "hit" for o in store.read_many_into(batch, outs)):
-            raise RuntimeError("a load missed")
-
-    write_in_threads(read, keys, pages, t, d)
-
-
 @contextlib.contextmanager
 def windowed(window_bytes: int | None) -> Iterator[None]:
     """kvtier's loads with ``WINDOW_BYTES`` set to ``window_bytes`` (``None``: as is)."""
@@ -223,23 +192,6 @@ def base_store(url: str) -> Any:
 
     options = RemoteOptions(url=url, max_connections=16, timeout_s=30.0)
     return RemoteStore.open(b"\x07" * 32, options, environ={})
-
-
-def measure(run: Callable[[], float | None], url: str) -> dict[str, float]:
-    s0, u0, t0 = server_cpu(url), usage(), time.perf_counter()
-    own = run()
-    wall = time.perf_counter() - t0
-    u1, s1 = usage(), server_cpu(url)
-    gb = TOTAL / 1e9
-    return {
-        "gbps": own if isinstance(own, float) else gb / wall,
-        "user_s_per_gb": (u1[0] - u0[0]) / gb,
-        "sys_s_per_gb": (u1[1] - u0[1]) / gb,
-        "client_cpu_s_per_gb": (u1[0] + u1[1] - u0[0] - u0[1]) / gb,
-        "vol_cs_per_mb": (u1[2] - u0[2]) / (TOTAL >> 20),
-        "invol_cs_per_mb": (u1[3] - u0[3]) / (TOTAL >> 20),
-        "server_cpu_s_per_gb": (s1 - s0) / gb,
-    }
 
 
 def main() -> None:
@@ -272,7 +224,7 @@ def main() -> None:
             kind, t, d = m[1], int(m[2]), int(m[3])
             outs = np.zeros_like(pages)
             if kind == "rb":
-                passes[s] = lambda p=t, c=d: rb_get(port, size, count, p, c)
+                passes[s] = lambda p=t, c=d: redis_benchmark_rate(port, "get", size, count, p, c)
             elif kind in ("kvtier", "base"):
                 st = store if kind == "kvtier" else base_store(url)
                 window = int(m[4]) << 10 if m[4] else None
@@ -281,7 +233,7 @@ def main() -> None:
                     t: int = t, d: int = d, o: Any = outs, st: Any = st, w: Any = window
                 ) -> None:
                     with windowed(w):
-                        kvtier_pass(st, keys, o, t, d)
+                        read_in_threads(st, keys, o, t, d)
 
                 passes[s] = run_kv
             elif kind in ("raw", "rawnb"):
@@ -294,7 +246,7 @@ def main() -> None:
                 raise SystemExit(f"unknown setting {s!r}")
         for rep in range(repeats + 1):
             for name, run in passes.items():
-                got = measure(run, url)
+                got = measured(run, TOTAL, url)
                 if rep:
                     runs.setdefault(name, []).append(got)
     rows = []

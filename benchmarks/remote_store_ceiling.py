@@ -44,7 +44,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from remote_probes import batches, measured, redis_benchmark_set, write_in_threads
+from remote_probes import (
+    batches,
+    connect,
+    measured,
+    read_in_threads,
+    redis_benchmark_rate,
+    write_in_threads,
+)
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -67,13 +74,6 @@ def frames(count: int, size: int) -> list[list[Any]]:
         head = b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key, size)
         out.append([head, memoryview(payload[i]).cast("B"), b"\r\n"])
     return out
-
-
-def connect(port: int, blocking: bool = True) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.setblocking(blocking)
-    return s
 
 
 def send_all(sock: socket.socket, bufs: list[Any]) -> None:
@@ -202,7 +202,7 @@ def kvtier_pass(
 ) -> Callable[[], None]:
     from kvtier.media import remote_values
     from kvtier.media.redis_client import RemoteOptions
-    from kvtier.media.remote import ReadOutcome, RemoteStore
+    from kvtier.media.remote import RemoteStore
 
     awaited = remote_values.replies_awaited
 
@@ -215,11 +215,7 @@ def kvtier_pass(
     if load:  # the values to read back, stored once
         write_in_threads(store.write_many, keys, pages, t, d)
 
-        def read(batch: list[bytes], outs: list[np.ndarray]) -> None:
-            if not all(o is ReadOutcome.HIT for o in store.read_many_into(batch, outs)):
-                raise RuntimeError("a load missed")
-
-        return lambda: write_in_threads(read, keys, pages, t, d)
+        return lambda: read_in_threads(store, keys, pages, t, d)
 
     def run() -> None:
         if not lowat:  # the store path before SO_RCVLOWAT
@@ -249,7 +245,7 @@ def main() -> None:
                 raise SystemExit(f"a setting is KINDAxB, got {s!r}")
             kind, t, d = m[1], int(m[2]), int(m[3])
             if kind == "rb":  # rbPxC: -P P -c C
-                passes[s] = lambda p=t, c=d: redis_benchmark_set(port, size, count, p, c)
+                passes[s] = lambda p=t, c=d: redis_benchmark_rate(port, "set", size, count, p, c)
                 continue
             if kind == "threads":
                 passes[s] = lambda t=t, d=d: threads_pass(port, fr, t, d, overlap=False)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from remote_probes import measured, redis_benchmark_set, write_in_threads
+from remote_probes import measured, redis_benchmark_rate, write_in_threads
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -91,7 +91,7 @@ def main() -> None:
                         runs.setdefault(f"{name} t{threads} d{depth}", []).append(got)
             for p in (8, 1):
                 got = measured(  # GB/s by its own clock, CPU by ours
-                    lambda p=p: redis_benchmark_set(port, size, count, p, 4), TOTAL, url
+                    lambda p=p: redis_benchmark_rate(port, "set", size, count, p, 4), TOTAL, url
                 )
                 if rep:
                     runs.setdefault(f"redis-benchmark -P {p}", []).append(got)
