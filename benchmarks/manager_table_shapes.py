@@ -92,9 +92,13 @@ class _Fifo:
         return out  # type: ignore[return-value]
 
 
-def _stream(layout: str, ghost_cap: int, room: int) -> Callable[[list[bytes]], None]:
+State = Callable[[], tuple[dict[bytes, object], set[bytes]]]
+"""A layout's resident blocks (key -> slot) and B1's ghosts, for ``--check``."""
+
+
+def _stream(layout: str, ghost_cap: int, room: int) -> tuple[Callable[[list[bytes]], None], State]:
     """The per-round store function of ``layout`` over a full tier (``room``: keys
-    that the rounds will add)."""
+    that the rounds will add), and its state."""
     cold = [_key(i) for i in range(REUSED, BLOCKS)]  # T1, coldest first
     slots: dict[bytes, object] = {_key(i): i for i in range(BLOCKS)}
 
@@ -116,7 +120,7 @@ def _stream(layout: str, ghost_cap: int, room: int) -> Callable[[list[bytes]], N
             if len(b1) > ghost_cap:
                 b1.difference_update(b1_fifo.take(BATCH))
 
-        return store_now
+        return store_now, lambda: (dict(slots), set(b1))
 
     if layout in ("ring", "l1b"):
         # T1's order as a FIFO of entries (no dead ones in this stream), B1's its own
@@ -149,7 +153,12 @@ def _stream(layout: str, ghost_cap: int, room: int) -> Callable[[list[bytes]], N
                 else:
                     deque(map(members.pop, taken), maxlen=0)
 
-        return store_split
+        def state_split() -> tuple[dict[bytes, object], set[bytes]]:
+            if layout == "ring":
+                return dict(slots), set(b1_set)
+            return dict(slots), {k for k, v in members.items() if v is IN_B1}
+
+        return store_split, state_split
 
     # ``l1`` and ``one``: one FIFO [B1 oldest .. B1 newest | T1 coldest .. T1 hottest]
     fifo = _Fifo(cold, room)
@@ -171,7 +180,7 @@ def _stream(layout: str, ghost_cap: int, room: int) -> Callable[[list[bytes]], N
             if at["bound"] - fifo.head > ghost_cap:
                 deque(map(l1.pop, fifo.take(BATCH)), maxlen=0)
 
-        return store_l1
+        return store_l1, lambda: (dict(slots), set(l1) - slots.keys())
 
     table: dict[bytes, object] = slots  # one record per key: slot or GHOST
 
@@ -188,13 +197,17 @@ def _stream(layout: str, ghost_cap: int, room: int) -> Callable[[list[bytes]], N
         if at["bound"] - fifo.head > ghost_cap:
             deque(map(table.pop, fifo.take(BATCH)), maxlen=0)
 
-    return store_one
+    def state_one() -> tuple[dict[bytes, object], set[bytes]]:
+        resident = {k: v for k, v in table.items() if v is not GHOST}
+        return resident, {k for k, v in table.items() if v is GHOST}
+
+    return store_one, state_one
 
 
 def child(layout: str, ghost_cap: int, stores: int, made: int) -> None:
     """The counted process: setup and ``WARM`` rounds, then ``stores`` rounds (of
     ``made`` rounds' keys made beforehand, the same in both runs)."""
-    store = _stream(layout, ghost_cap, (WARM + made) * BATCH)
+    store, _ = _stream(layout, ghost_cap, (WARM + made) * BATCH)
     fresh = iter(range(BLOCKS, BLOCKS + (WARM + made) * BATCH))
     batches = [[_key(next(fresh)) for _ in range(BATCH)] for _ in range(WARM + made)]
     for batch in batches[: WARM + stores]:
@@ -205,7 +218,7 @@ def child(layout: str, ghost_cap: int, stores: int, made: int) -> None:
 
 def timed(layout: str, ghost_cap: int, stores: int) -> float:
     """CPU ns per block of ``stores`` rounds after the warm ones, in this process."""
-    store = _stream(layout, ghost_cap, (WARM + stores) * BATCH)
+    store, _ = _stream(layout, ghost_cap, (WARM + stores) * BATCH)
     fresh = iter(range(BLOCKS, BLOCKS + (WARM + stores) * BATCH))
     batches = [[_key(next(fresh)) for _ in range(BATCH)] for _ in range(WARM + stores)]
     for batch in batches[:WARM]:
@@ -214,6 +227,23 @@ def timed(layout: str, ghost_cap: int, stores: int) -> float:
     for batch in batches[WARM:]:
         store(batch)
     return (time.thread_time_ns() - start) / (stores * BATCH)
+
+
+def check(ghost_cap: int, stores: int) -> None:
+    """Every layout ends the same stream with the same blocks in the same slots and
+    the same ghosts (each does the same work, only kept differently)."""
+    batches = [[_key(BLOCKS + r * BATCH + j) for j in range(BATCH)] for r in range(WARM + stores)]
+    states = {}
+    for layout in LAYOUTS:
+        store, state = _stream(layout, ghost_cap, len(batches) * BATCH)
+        for batch in batches:
+            store(batch)
+        states[layout] = state()
+    resident, ghosts = states["now"]
+    assert len(resident) == BLOCKS and len(ghosts) == min(ghost_cap, len(batches) * BATCH)
+    for layout, (r, g) in states.items():
+        assert r == resident, f"{layout}: other resident blocks or slots than now's"
+        assert g == ghosts, f"{layout}: other ghosts than now's"
 
 
 def counts(layout: str, ghost_cap: int, stores: int, made: int) -> dict[str, int]:
@@ -280,8 +310,16 @@ def main() -> None:
         metavar="RUNS",
         help="instead of counting, time each layout RUNS times (alternating, one process each)",
     )
+    parser.add_argument(
+        "--check", action="store_true", help="only check that the layouts end alike"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.check:
+        for policy in args.policy:
+            check(GHOST_CAPS[policy], args.stores)
+            print(f"{policy}: every layout ends with now's blocks, slots and ghosts")
+        return
     if args.time:
         time_layouts(args)
         return
