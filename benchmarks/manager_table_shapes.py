@@ -1,4 +1,4 @@
-"""Cache misses per stored+evicted block of three table layouts, counted by cachegrind.
+"""Cache misses and time per stored+evicted block of five table layouts (a prototype).
 
 A prototype, not the manager: it replays only the hash-table and queue operations that
 ``kvtier bench manager``'s store loop makes per block under ``arc`` (or ``slru``):
@@ -21,9 +21,9 @@ into the ghost list B1 (the ghosts), the ghosts bounded as in the bench. Layouts
 * ``one``: a single dict per key for the manager and the policy: key -> slot for a
   resident block, key -> ``GHOST`` for a B1 ghost, the same FIFO of entries.
 
-The counted stream has no touches, pins or returning ghosts, so the FIFO holds no
-dead entries: ``l1`` and ``one`` count a lower bound of what a full implementation
-(parking, dead entries after promotions, T2 and B2) would pay here. T2 (the bench's
+The counted stream has no touches, pins or returning ghosts, so the FIFOs hold no
+dead entries: ``ring``, ``l1b``, ``l1`` and ``one`` count a lower bound of what a full
+implementation (parking, dead entries after promotions, T2 and B2) would pay here. T2 (the bench's
 25,600 reused blocks) is in the slot map but untouched by the stores, as in the bench.
 
 For each layout: ``valgrind --tool=cachegrind`` with ``--stores`` rounds and with none,
@@ -32,6 +32,11 @@ Run from the repository root (deterministic for a given build)::
 
     nice python benchmarks/manager_table_shapes.py --policy arc --policy slru \
         --out benchmarks/results/manager-table-shapes.json
+
+``--time RUNS`` times each layout instead (CPU ns per block, one process per layout
+and run, the layouts alternating; medians and per-run ratios to ``now``, with the load
+average); ``--check`` only checks that every layout ends the stream with ``now``'s
+blocks, slots and ghosts.
 """
 
 from __future__ import annotations
