@@ -12,7 +12,8 @@ be from the same commit's cell run). Variants:
   ``EARLY`` (``early_inf``: the rule without early decisions);
 * ``first_<n>``: the first decision after ``n`` windows;
 * ``sig_<k>``: a switch at a window's end only on a lead of more than ``k`` standard
-  deviations of the two shadows' decayed per-request hit differences;
+  deviations of the two shadows' decayed per-request hit differences; ``sigfree_<k>``:
+  the same but for the first decision;
 * ``window_<n>``: another ``WINDOW_MIN``;
 * several at once, joined by ``+`` (``window_16384+early_3``).
 
@@ -39,8 +40,15 @@ import policy_cells as pc
 
 from kvtier.sim.replay import replay
 
+_PATCHED: set[str] = set()
+"""The variants this process has patched in (a worker runs several jobs: a wrapping
+patch applied twice would wrap itself)."""
+
 
 def _patch(variants: str) -> None:
+    if variants in _PATCHED:
+        return
+    _PATCHED.add(variants)
     for variant in variants.split("+"):
         _patch_one(variant)
 
@@ -75,6 +83,8 @@ def _patch_one(variant: str) -> None:
         leader.DECAY = float(variant.removeprefix("decay_"))
     elif variant.startswith("sig_"):
         _significant(float(variant.removeprefix("sig_")))
+    elif variant.startswith("sigfree_"):  # no test at the first decision
+        _significant(float(variant.removeprefix("sigfree_")), first=False)
     elif variant.startswith("sampled_"):
         sampling.FULL_SHADOWS_BELOW = 0
         sampling.SAMPLED_SHADOW_BLOCKS = int(variant.removeprefix("sampled_"))
@@ -82,12 +92,14 @@ def _patch_one(variant: str) -> None:
         raise SystemExit(f"unknown variant {variant!r}")
 
 
-def _significant(k: float) -> None:
+def _significant(k: float, first: bool = True) -> None:
     """``sig_<k>``: at a window's end a challenger takes the lead only if its decayed
     score leads the leader's by more than ``k`` standard deviations: ``k`` times the
     square root of the sum, over the requests, of the squared per-request difference of
     the two shadows' hits, each weighted by the square of its window's decay weight
-    (the scores' weights). Early decisions are unchanged."""
+    (the scores' weights). Early decisions are unchanged. ``first`` false
+    (``sigfree_<k>``): not at the first decision, which leaves ``START``, a leader no
+    evidence chose."""
     from kvtier.scheduler.policies import leader
 
     observe, decide = leader.LeaderPolicy.observe, leader.LeaderPolicy._decide
@@ -127,7 +139,9 @@ def _significant(k: float) -> None:
         noise = k * self._pair_decayed[best][lead] ** 0.5
         early = self._left > 0  # an early decision keeps its own test
         margin = leader.MARGIN
-        if not early and scores[best] - scores[lead] <= noise:
+        tested = first or getattr(self, "_decisions", 0) > 0
+        self._decisions = getattr(self, "_decisions", 0) + 1
+        if tested and not early and scores[best] - scores[lead] <= noise:
             leader.MARGIN = math.inf  # within noise: the leader stays
         try:
             decide(self)
