@@ -11,6 +11,9 @@ be from the same commit's cell run). Variants:
 * ``margin_<x>``, ``decay_<x>``, ``early_<x>``: another ``MARGIN``, ``DECAY`` or
   ``EARLY`` (``early_inf``: the rule without early decisions);
 * ``first_<n>``: the first decision after ``n`` windows;
+* ``sig_<k>``: a switch at a window's end only on a lead of more than ``k`` standard
+  deviations of the two shadows' decayed per-request hit differences; ``sigfree_<k>``:
+  the same but for the first decision;
 * ``window_<n>``: another ``WINDOW_MIN``;
 * several at once, joined by ``+`` (``window_16384+early_3``).
 
@@ -25,6 +28,7 @@ compare with, e.g. one of other seeds (``policy_cells.py --seeds 4,5``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -36,8 +40,15 @@ import policy_cells as pc
 
 from kvtier.sim.replay import replay
 
+_PATCHED: set[str] = set()
+"""The variants this process has patched in (a worker runs several jobs: a wrapping
+patch applied twice would wrap itself)."""
+
 
 def _patch(variants: str) -> None:
+    if variants in _PATCHED:
+        return
+    _PATCHED.add(variants)
     for variant in variants.split("+"):
         _patch_one(variant)
 
@@ -70,11 +81,76 @@ def _patch_one(variant: str) -> None:
         leader.EARLY = float(variant.removeprefix("early_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
+    elif variant.startswith("sig_"):
+        _significant(float(variant.removeprefix("sig_")))
+    elif variant.startswith("sigfree_"):  # no test at the first decision
+        _significant(float(variant.removeprefix("sigfree_")), first=False)
     elif variant.startswith("sampled_"):
         sampling.FULL_SHADOWS_BELOW = 0
         sampling.SAMPLED_SHADOW_BLOCKS = int(variant.removeprefix("sampled_"))
     else:
         raise SystemExit(f"unknown variant {variant!r}")
+
+
+def _significant(k: float, first: bool = True) -> None:
+    """``sig_<k>``: at a window's end a challenger takes the lead only if its decayed
+    score leads the leader's by more than ``k`` standard deviations: ``k`` times the
+    square root of the sum, over the requests, of the squared per-request difference of
+    the two shadows' hits, each weighted by the square of its window's decay weight
+    (the scores' weights). Early decisions are unchanged. ``first`` false
+    (``sigfree_<k>``): not at the first decision, which leaves ``START``, a leader no
+    evidence chose."""
+    from kvtier.scheduler.policies import leader
+
+    observe, decide = leader.LeaderPolicy.observe, leader.LeaderPolicy._decide
+
+    def fold(self: leader.LeaderPolicy) -> None:  # this request's squared differences
+        gains = [s.hits - b for s, b in zip(self._shadows, self._before, strict=True)]
+        window = self._pair_window
+        for i, gi in enumerate(gains):
+            for j, gj in enumerate(gains):
+                window[i][j] += (gi - gj) ** 2
+        self._before = [s.hits for s in self._shadows]
+
+    def observed(self: leader.LeaderPolicy, keys):  # type: ignore[no-untyped-def]
+        n = len(self._shadows)
+        if not hasattr(self, "_pair_window"):
+            self._pair_window = [[0] * n for _ in range(n)]
+            self._pair_decayed = [[0.0] * n for _ in range(n)]
+            self._before = [0] * n
+        self._before = [s.hits for s in self._shadows]
+        observe(self, keys)
+        if any(s.hits for s in self._shadows):  # no decision in this request
+            fold(self)
+
+    def decided(self: leader.LeaderPolicy) -> None:
+        fold(self)
+        n = len(self._shadows)
+        for i in range(n):
+            for j in range(n):
+                self._pair_decayed[i][j] = (
+                    self._pair_decayed[i][j] * leader.DECAY**2 + self._pair_window[i][j]
+                )
+                self._pair_window[i][j] = 0
+        lead = self._leader
+        pairs = zip(self._scores, self._shadows, strict=True)
+        scores = [score * leader.DECAY + shadow.hits for score, shadow in pairs]
+        best = max(range(n), key=scores.__getitem__)
+        noise = k * self._pair_decayed[best][lead] ** 0.5
+        early = self._left > 0  # an early decision keeps its own test
+        margin = leader.MARGIN
+        tested = first or getattr(self, "_decisions", 0) > 0
+        self._decisions = getattr(self, "_decisions", 0) + 1
+        if tested and not early and scores[best] - scores[lead] <= noise:
+            leader.MARGIN = math.inf  # within noise: the leader stays
+        try:
+            decide(self)
+        finally:
+            leader.MARGIN = margin
+        self._before = [0] * n
+
+    leader.LeaderPolicy.observe = observed  # type: ignore[method-assign]
+    leader.LeaderPolicy._decide = decided  # type: ignore[method-assign]
 
 
 def _job(args: tuple[str, str]) -> tuple[str, list[int]]:

@@ -67,6 +67,31 @@ def test_manager_over_leader_matches_manager_over_its_model(
                     m.complete_load(keys[:hit])
             assert policy.leader == CANDIDATE_NAMES[model.leader]
             assert policy.sizes == model.sizes
+            # the keys whose requests skip the shadows' own residency tests are held by all
+            held = set.intersection(*(shadow.resident for shadow in policy._shadows))
+            assert policy._everywhere <= held
+
+
+def test_a_request_every_shadow_hit_whole_takes_the_shared_fast_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once every shadow has hit a request's keys, ``observe`` tests them once for all
+    the shadows (``_everywhere``), and an eviction in any shadow takes the key out."""
+    policy = LeaderPolicy(4)
+    first, second = [block_key(1), block_key(2)], [block_key(3), block_key(4)]
+    policy.observe(first)  # stored by every shadow
+    assert policy._everywhere == set()
+    policy.observe(first)  # a hit of both keys in every shadow
+    assert policy._everywhere == set(first)
+    with monkeypatch.context() as mp:  # the fast path: no shadow serves it on its own
+        mp.setattr(leader._Shadow, "request", None)
+        policy.observe(first)
+    assert [shadow.hits for shadow in policy._shadows] == [4] * len(leader.CANDIDATES)
+    policy.observe(second)
+    policy.observe(second)
+    assert policy._everywhere == set(first + second)
+    policy.observe([block_key(5)])  # every shadow evicts its coldest: first[1] (used first)
+    assert policy._everywhere == {first[0], *second}
 
 
 def _serve(m: TierManager, ids: list[int]) -> int:

@@ -255,3 +255,36 @@ def test_a_rebuild_takes_every_block_parked_ones_included(
     assert policy.follows == "lru"
     assert sorted(policy._tier.policy.keys()) == keys and len(policy) == 8
     assert victims == [keys[2], keys[3], keys[4], keys[7]]
+
+
+def _rates() -> list[tuple[int, int]]:
+    """Every sampling rate ``leader`` uses, with the largest tier up to 2**24 blocks
+    that uses it (the rate only changes at powers of two)."""
+    rates = {sampling.sample_rate(2**k): 2**k for k in range(4, 25)}
+    return sorted(rates.items())
+
+
+def test_every_rate_the_leader_uses_is_checked() -> None:
+    assert [rate for rate, _ in _rates()] == [1, 8, 16, 32, 64, 128, 256]
+
+
+@pytest.mark.parametrize(("rate", "capacity"), _rates())
+def test_the_inline_sampling_check_agrees_with_is_sampled(rate: int, capacity: int) -> None:
+    """``LeaderPolicy.observe`` tests "sampled" inline (a CRC-32 of the first key
+    against the mask) beside ``sampling.is_sampled``: the shadows see exactly the
+    requests ``is_sampled`` names, for trace ids and SHA-256-sized keys alike."""
+    policy = LeaderPolicy(capacity)
+    assert policy.sample_rate == rate
+    shadow = policy._shadows[0]  # every request here is new: a sampled one is stored
+    rng = random.Random(rate)
+    seen = []
+    want = []
+    for i in range(3000):
+        size = 8 if i % 2 else 32
+        keys = [BlockHash(rng.randbytes(size)) for _ in range(3)]
+        before = len(shadow.resident)
+        policy.observe(keys)
+        seen.append(len(shadow.resident) > before)
+        want.append(sampling.is_sampled(keys, rate - 1))
+    assert seen == want
+    assert sum(want) == 3000 if rate == 1 else 0 < sum(want) < 3000

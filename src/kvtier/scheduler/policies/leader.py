@@ -46,6 +46,12 @@ on its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   the tier's: no set of them is kept beside it). The instance is shown every lookup
   (``observe``), so a ``branch`` tier learns the whole traffic, not the sample.
 
+Lookup cost: a request whose keys every shadow holds is tested once for all of them
+(``_everywhere``: the keys of requests that every shadow hit whole, less each key any
+shadow evicts), and the early test is skipped (no lead moved). Kept that way, not as
+the exact intersection of the shadows' keys, since a store then pays nothing: real
+requests (a chat turn, an agent step) end in new blocks and are seldom hits whole.
+
 Eviction cost: every list is a ``RecencyList`` (held blocks are parked), so it is
 proportional to the blocks evicted, not to the blocks pinned (a rebuilt instance
 parks the held blocks again at its first search: O(held) once per switch).
@@ -119,6 +125,14 @@ class _Shadow:
         self.hits = 0
         self.learns = cls.observe is not EvictionPolicy.observe  # shown every request
 
+    def hit_all(self, keys: Sequence[BlockHash], backwards: Sequence[BlockHash]) -> None:
+        """Serve a lookup all of whose keys are resident (``backwards``: ``keys``
+        reversed): every key hits and is used again, the first key last."""
+        if self.learns:
+            self.policy.observe(keys)
+        self.hits += len(keys)
+        self.policy.touch_all(backwards, _NONE_STORING)
+
     def request(
         self, keys: Sequence[BlockHash], backwards: Sequence[BlockHash] | None = None
     ) -> tuple[list[BlockHash], list[BlockHash]]:
@@ -130,13 +144,12 @@ class _Shadow:
         the request's own keys), and the resident keys are touched again (recency
         only for the stored ones). Batch calls: C-level passes where they can be.
         """
+        if self.resident.issuperset(keys):  # the usual case at a hit: all resident (C-level)
+            self.hit_all(keys, keys[::-1] if backwards is None else backwards)
+            return [], []
         resident, policy = self.resident, self.policy
         if self.learns:
             policy.observe(keys)
-        if resident.issuperset(keys):  # the usual case at a hit: all resident (C-level)
-            self.hits += len(keys)
-            policy.touch_all(keys[::-1] if backwards is None else backwards, _NONE_STORING)
-            return [], []
         hit = len(list(takewhile(resident.__contains__, keys)))
         self.hits += hit
         used = list(filter(resident.__contains__, reversed(keys)))
@@ -338,6 +351,9 @@ class LeaderPolicy(EvictionPolicy):
         rate = sample_rate(capacity)
         self._mask = rate - 1
         self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in CANDIDATES)
+        # keys every shadow holds (a subset of the intersection of their ``resident``
+        # sets): those of requests every shadow hit whole, less every key a shadow evicts
+        self._everywhere: set[BlockHash] = set()
         self._scores = [0.0] * len(self._shadows)
         # this window's sum of squared per-request hit differences, challenger - leader
         self._squares = [0] * len(self._shadows)
@@ -383,19 +399,34 @@ class LeaderPolicy(EvictionPolicy):
         if mask and crc32(keys[0]) & mask:  # not sampled (``sampling.is_sampled``, inline)
             return
         shadows, lead = self._shadows, self._leader
-        gains = []  # each shadow's hits in this request
         backwards = keys[::-1]
+        everywhere = self._everywhere
+        n = len(keys)
+        if everywhere.issuperset(keys):  # every shadow holds every key: all hit them all
+            for shadow in shadows:
+                shadow.hit_all(keys, backwards)
+            # no lead moved, so no early decision: ``_clear_lead`` was false after the
+            # last request (or it decided) and none of its terms changed
+            self._left -= n
+            if self._left <= 0:
+                self._decide()
+            return
+        gains = []  # each shadow's hits in this request
         for shadow in shadows:
             before = shadow.hits
-            moves = shadow.request(keys, backwards)
+            evicted, stored = shadow.request(keys, backwards)
             gains.append(shadow.hits - before)
+            if evicted and everywhere:
+                everywhere.difference_update(evicted)
             if shadow is shadows[lead]:
-                tier.follow(*moves)
+                tier.follow(evicted, stored)
+        if gains.count(n) == len(gains):  # each shadow hit every key: none was evicted
+            everywhere.update(keys)
         own = gains[lead]
         squares = self._squares
         for i, gain in enumerate(gains):
             squares[i] += (gain - own) ** 2
-        self._left -= len(keys)
+        self._left -= n
         if self._left <= 0 or self._clear_lead():
             self._decide()
 
