@@ -212,7 +212,7 @@ static void copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stre
 struct kvtier_bell {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int64_t unclaimed; /* written under mu, atomically: the grace spin reads it without */
+    int64_t unclaimed; /* atomic: rings add under mu, claims subtract without it */
     int64_t grace_ns;
     int32_t closed;
     int32_t sleepers; /* threads waiting on cv: ring signals only when there are any */
@@ -246,23 +246,29 @@ void kvtier_bell_free(void *bell) {
 void kvtier_bell_ring(void *bell) {
     struct kvtier_bell *b = bell;
     pthread_mutex_lock(&b->mu);
-    __atomic_add_fetch(&b->unclaimed, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
     int32_t wake = b->sleepers > 0;
     pthread_mutex_unlock(&b->mu);
     if (wake) pthread_cond_signal(&b->cv);
 }
 
-/* A runner took a job off the queue: one fewer unclaimed. */
+/* A runner took a job off the queue: one fewer unclaimed. No lock: the worker may be
+   spinning on the count (the grace), and would take mu the moment it drops; a claim
+   holding mu then made it sleep on mu and the caller pay a futex wake to release it.
+   A sleeper that misses a claim only wakes for nothing; one that sees a claim sees
+   the ring before it (one atomic variable: one modification order). */
 void kvtier_bell_claim(void *bell) {
     struct kvtier_bell *b = bell;
-    pthread_mutex_lock(&b->mu);
-    __atomic_sub_fetch(&b->unclaimed, 1, __ATOMIC_RELAXED);
-    pthread_mutex_unlock(&b->mu);
+    __atomic_sub_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
 }
 
 /* Blocks until a job is unclaimed (returns 1) or the bell is closed with none
    unclaimed (returns 0). Wakes with nothing unclaimed (a caller claimed the job
    first, or a spurious wake-up) sleep again here, never returning. */
+static int64_t unclaimed(struct kvtier_bell *b) {
+    return __atomic_load_n(&b->unclaimed, __ATOMIC_ACQUIRE);
+}
+
 static int64_t now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -274,23 +280,23 @@ int32_t kvtier_bell_sleep(void *bell) {
     pthread_mutex_lock(&b->mu);
     for (;;) {
         int32_t slept = 0;
-        while (b->unclaimed <= 0 && !b->closed) {
+        while (unclaimed(b) <= 0 && !b->closed) {
             b->sleepers++;
             pthread_cond_wait(&b->cv, &b->mu);
             b->sleepers--;
             slept = 1;
         }
-        if (!slept || b->closed || b->unclaimed <= 0 || b->grace_ns <= 0) break;
+        if (!slept || b->closed || unclaimed(b) <= 0 || b->grace_ns <= 0) break;
         /* woken by a ring: give a caller about to wait the grace to claim the job */
         pthread_mutex_unlock(&b->mu);
         int64_t end = now_ns() + b->grace_ns;
-        while (__atomic_load_n(&b->unclaimed, __ATOMIC_RELAXED) > 0 && now_ns() < end) {
+        while (unclaimed(b) > 0 && now_ns() < end) {
             sched_yield(); /* the caller may share this CPU: let it run and claim */
         }
         pthread_mutex_lock(&b->mu);
-        if (b->unclaimed > 0) break;
+        if (unclaimed(b) > 0) break;
     }
-    int32_t job = b->unclaimed > 0;
+    int32_t job = unclaimed(b) > 0;
     pthread_mutex_unlock(&b->mu);
     return job;
 }
@@ -305,10 +311,4 @@ void kvtier_bell_close(void *bell) {
 }
 
 /* Jobs rung and not yet claimed (for tests: it mirrors the lane's queue length). */
-int64_t kvtier_bell_unclaimed(void *bell) {
-    struct kvtier_bell *b = bell;
-    pthread_mutex_lock(&b->mu);
-    int64_t unclaimed = b->unclaimed;
-    pthread_mutex_unlock(&b->mu);
-    return unclaimed;
-}
+int64_t kvtier_bell_unclaimed(void *bell) { return unclaimed(bell); }
