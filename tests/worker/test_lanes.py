@@ -12,7 +12,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from kvtier.worker.doorbell import Doorbell, NativeDoorbell, PyDoorbell
 from kvtier.worker.lanes import ThreadLane
+
+from .conftest import require_native
+
+BELLS = ["python", "native"]
+
+
+def make_bell(kind: str) -> Doorbell:
+    """The lane's doorbell: the Python fallback, or the compiled one (where it runs)."""
+    return PyDoorbell() if kind == "python" else NativeDoorbell(require_native())
 
 
 class Recorder:
@@ -145,14 +155,16 @@ def test_close_returns_only_after_a_job_a_caller_runs() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("bell", BELLS)
 @pytest.mark.parametrize("jobs", [1, 5])
-def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int) -> None:
+def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int, bell: str) -> None:
     # ``submit`` returns without running the job (the worker protocol: transfer_async
     # never blocks on the copy), even for a tiny job on an idle lane. Nobody waits here,
     # so only the lane's thread may run it; each job is submitted after the previous
     # one is reported, i.e. to an idle lane. (A caller blocked in ``wait`` may run
-    # queued jobs itself: not checked here, no ``wait`` is called.)
-    lane = ThreadLane("lane-under-test")
+    # queued jobs itself: not checked here, no ``wait`` is called.) With either
+    # doorbell: the compiled one must hand an unclaimed job to the worker.
+    lane = ThreadLane("lane-under-test", make_bell(bell))
     caller = threading.get_ident()
     for job_id in range(jobs):
         ran_by: list[int] = []
@@ -178,9 +190,11 @@ def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int) -> None:
 class LaneMachine(RuleBasedStateMachine):
     """Submit, wait, poll and close in any order, against a list model."""
 
+    bell = "python"
+
     def __init__(self) -> None:
         super().__init__()
-        self.lane = ThreadLane("lane-under-test")
+        self.lane = ThreadLane("lane-under-test", make_bell(self.bell))
         self.rec = Recorder()
         self.next_id = 0
         self.submitted: list[tuple[int, str]] = []  # (job id, "ok" | "raise" | "refused")
@@ -242,9 +256,23 @@ class LaneMachine(RuleBasedStateMachine):
             ok = kinds[job_id] in ("ok", "slow")
             assert (success, nbytes) == ((True, 100 + job_id) if ok else (False, 0))
 
+    @invariant()
+    def doorbell_counts_the_queue(self) -> None:
+        # ring with each append, claim with each pop, both under the lane's lock: a
+        # count off by one would wake the worker for nothing or leave a job asleep
+        with self.lane._lock:
+            assert self.lane._bell.unclaimed() == len(self.lane._queue)
+
     def teardown(self) -> None:
         self.lane.close()
+        assert not self.lane._thread.is_alive()
 
 
-LaneMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+class NativeLaneMachine(LaneMachine):
+    bell = "native"
+
+
+for machine in (LaneMachine, NativeLaneMachine):
+    machine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 test_lane_machine = LaneMachine.TestCase
+test_lane_machine_native_doorbell = NativeLaneMachine.TestCase

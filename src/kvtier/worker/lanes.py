@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from kvtier.worker.doorbell import Doorbell, new_doorbell
 from kvtier.worker.handler import TransferResult
 from kvtier.worker.pagecopy import Deferred
 
@@ -52,17 +53,23 @@ class ThreadLane:
     That saves the two thread switches of a hand-off (~20-40 us on the development
     VM, as long as a small job's copy) exactly where a caller waits for it.
 
-    Two conditions share one lock: the worker thread sleeps on ``_work`` (a job
-    queued, or the lane closed), callers in ``wait`` on ``_reported`` (a job reported,
-    or one queued while no one runs). A job's end wakes only callers: an
+    The worker thread sleeps on a ``doorbell`` (a job queued and not yet taken by a
+    runner, or the lane closed): ``submit`` rings it, a runner claims the job it pops.
+    The compiled doorbell lets the worker, woken by a submit whose job a waiting
+    caller has already claimed, go back to sleep without coming back into Python for
+    the GIL (which it would take from the caller in the middle of that job); see
+    ``kvtier.worker.doorbell``. Callers in ``wait`` sleep on ``_reported`` (a job
+    reported, or one queued while no one runs). A job's end wakes only callers: an
     idle worker thread woken there would only take the GIL from the caller that ran
     the job (measured with ``benchmarks/hostcopy_fixed.py``).
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, doorbell: Doorbell | None = None) -> None:
+        """Start the worker thread ``name``; ``doorbell``: by default
+        ``doorbell.new_doorbell()`` (the compiled one where it is built)."""
         self._lock = threading.Lock()
-        self._work = threading.Condition(self._lock)
         self._reported = threading.Condition(self._lock)
+        self._bell = new_doorbell() if doorbell is None else doorbell
         self._queue: deque[tuple[int, EnqueueFn | None, str | None]] = deque()
         self._runner = threading.Lock()  # held while a job runs: jobs never overlap
         self._done: deque[TransferResult] = deque()
@@ -83,7 +90,7 @@ class ThreadLane:
                 return
             self._in_flight.add(job_id)
             self._queue.append((job_id, fn, error))
-            self._work.notify()
+            self._bell.ring()
             self._reported.notify_all()
 
     def _run_next(self) -> bool:
@@ -92,6 +99,7 @@ class ThreadLane:
             if not self._queue:
                 return False
             job_id, fn, error = self._queue.popleft()
+            self._bell.claim()
         result = TransferResult.failed(job_id, error or "refused")
         try:
             if fn is not None:
@@ -111,11 +119,11 @@ class ThreadLane:
         return True
 
     def _run(self) -> None:
-        while True:
+        # the bell returns False once closed with nothing queued: everything has run
+        while self._bell.sleep():
             with self._lock:
-                self._work.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
-                    return  # closed, and everything queued has run
+                    continue  # a waiting caller took the job since the bell woke us
             with self._runner:
                 self._run_next()
 
@@ -155,7 +163,7 @@ class ThreadLane:
             if self._closed:
                 return
             self._closed = True
-            self._work.notify()
+            self._bell.close()
             self._reported.notify_all()
         self._thread.join()
         # a caller in ``wait`` may still run the last job (the worker thread found the

@@ -6,7 +6,7 @@ one call per block per layer:
 * ``HostPageCopier`` (both sides in host memory: the CPU stand-in). By default ONE
   call per job into the compiled row copier (``rowcopy``, ``worker/rowcopy.c``):
   every (row, fragment) moves straight from source row to destination row, one pass,
-  no temporary, no Python per row; jobs of ``rowcopy.STREAM_MIN_BYTES`` (1 MiB) and
+  no temporary, no Python per row; jobs of ``rowcopy.STREAM_MIN_BYTES`` (2 MiB) and
   more write with non-temporal stores; the next row's pages are prefetched a row
   ahead. Every row is bounds-checked (in C, before anything is copied; a bad plan
   raises ``TransferSpecError``). Measured side by side with the numpy fallback below (one
@@ -45,7 +45,7 @@ one call per block per layer:
   (``finish``, run by the lane once the copy is done). Link transfers are therefore
   as large as the job, never per-page. The host side of that path (``SlabRows``)
   moves whole pages between the slab and the bounce buffer in one call of the
-  compiled row copier (bounds checked in C, non-temporal stores from 1 MiB), or with
+  compiled row copier (bounds checked in C, non-temporal stores from 2 MiB), or with
   numpy where it is not built; it runs on CPU tensors too, so CPU tests check it.
 
 Copies go through the widest word dtype that tiles the pages (``kv_view.word_dtype``)

@@ -45,16 +45,28 @@
    kind; ctypes converts each argument on every call, ~0.3 us apiece.
 
    Called through ctypes.CDLL, which releases the GIL for the call: two handler lanes
-   copy at once. Nothing here touches Python. */
+   copy at once. Nothing here touches Python.
 
+   The doorbell (kvtier_bell_*, at the end; used by doorbell.py) is where a lane's
+   worker thread sleeps: in C, GIL released, until a job is queued and not yet claimed
+   by a runner, or the lane is closed. A caller that runs the job itself (blocked in
+   wait) claims it first, so the worker, woken by the submit, finds nothing unclaimed
+   and sleeps again without coming back into Python for the GIL. A worker woken with
+   a job unclaimed leaves it grace_ns to a caller about to claim it (yielding the CPU,
+   which it often shares with that caller just after the wake) before it returns. */
+
+#include <pthread.h>
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
-#define KVTIER_ROWCOPY_ABI 3
+#define KVTIER_ROWCOPY_ABI 4
 #define PAGE 4096
 #ifndef WAYS
 #define WAYS 4 /* fragments streamed at once */
@@ -193,3 +205,110 @@ static void copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stre
     if (stream) _mm_sfence();
 #endif
 }
+
+/* A lane's doorbell. unclaimed counts the jobs queued that no runner has taken yet
+   (doorbell.py keeps it equal to the lane's queue length: ring with each append,
+   claim with each pop, both under the lane's lock). */
+struct kvtier_bell {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int64_t unclaimed; /* atomic: rings add under mu, claims subtract without it */
+    int64_t grace_ns;
+    int32_t closed;
+    int32_t sleepers; /* threads waiting on cv: ring signals only when there are any */
+};
+
+void *kvtier_bell_new(int64_t grace_ns) {
+    struct kvtier_bell *b = calloc(1, sizeof *b);
+    if (b == NULL) return NULL;
+    b->grace_ns = grace_ns;
+    if (pthread_mutex_init(&b->mu, NULL) != 0) {
+        free(b);
+        return NULL;
+    }
+    if (pthread_cond_init(&b->cv, NULL) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* Only once no thread can use the bell any more (doorbell.py: when its owner is gone). */
+void kvtier_bell_free(void *bell) {
+    struct kvtier_bell *b = bell;
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+/* A job was queued: one more unclaimed; wakes the sleeper, if one sleeps. */
+void kvtier_bell_ring(void *bell) {
+    struct kvtier_bell *b = bell;
+    pthread_mutex_lock(&b->mu);
+    __atomic_add_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
+    int32_t wake = b->sleepers > 0;
+    pthread_mutex_unlock(&b->mu);
+    if (wake) pthread_cond_signal(&b->cv);
+}
+
+/* A runner took a job off the queue: one fewer unclaimed. No lock: the worker may be
+   spinning on the count (the grace), and would take mu the moment it drops; a claim
+   holding mu then made it sleep on mu and the caller pay a futex wake to release it.
+   A sleeper that misses a claim only wakes for nothing; one that sees a claim sees
+   the ring before it (one atomic variable: one modification order). */
+void kvtier_bell_claim(void *bell) {
+    struct kvtier_bell *b = bell;
+    __atomic_sub_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
+}
+
+/* Blocks until a job is unclaimed (returns 1) or the bell is closed with none
+   unclaimed (returns 0). Wakes with nothing unclaimed (a caller claimed the job
+   first, or a spurious wake-up) sleep again here, never returning. */
+static int64_t unclaimed(struct kvtier_bell *b) {
+    return __atomic_load_n(&b->unclaimed, __ATOMIC_ACQUIRE);
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+int32_t kvtier_bell_sleep(void *bell) {
+    struct kvtier_bell *b = bell;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        int32_t slept = 0;
+        while (unclaimed(b) <= 0 && !b->closed) {
+            b->sleepers++;
+            pthread_cond_wait(&b->cv, &b->mu);
+            b->sleepers--;
+            slept = 1;
+        }
+        if (!slept || b->closed || unclaimed(b) <= 0 || b->grace_ns <= 0) break;
+        /* woken by a ring: give a caller about to wait the grace to claim the job */
+        pthread_mutex_unlock(&b->mu);
+        int64_t end = now_ns() + b->grace_ns;
+        while (unclaimed(b) > 0 && now_ns() < end) {
+            sched_yield(); /* the caller may share this CPU: let it run and claim */
+        }
+        pthread_mutex_lock(&b->mu);
+        if (unclaimed(b) > 0) break;
+    }
+    int32_t job = unclaimed(b) > 0;
+    pthread_mutex_unlock(&b->mu);
+    return job;
+}
+
+/* No more rings: a sleeper returns once nothing is unclaimed. Idempotent. */
+void kvtier_bell_close(void *bell) {
+    struct kvtier_bell *b = bell;
+    pthread_mutex_lock(&b->mu);
+    b->closed = 1;
+    pthread_mutex_unlock(&b->mu);
+    pthread_cond_broadcast(&b->cv);
+}
+
+/* Jobs rung and not yet claimed (for tests: it mirrors the lane's queue length). */
+int64_t kvtier_bell_unclaimed(void *bell) { return unclaimed(bell); }
