@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kvtier.worker.doorbell import Doorbell, NativeDoorbell, PyDoorbell
+from kvtier.worker.doorbell import GRACE_NS, Doorbell, NativeDoorbell, PyDoorbell
 from kvtier.worker.lanes import ThreadLane
 
 from .conftest import require_native
@@ -185,6 +185,73 @@ def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int, bell: str) 
         assert [(r.job_id, r.success) for r in results] == [(job_id, True)]
         assert len(ran_by) == 1 and ran_by[0] != caller
     lane.close()
+
+
+class _ClaimLog(PyDoorbell):
+    """The Python doorbell, recording who claimed each job; ``sleeps``: False, the
+    worker never wakes for a job (only ``close`` ends its sleep), so every job is
+    run by a waiting caller."""
+
+    def __init__(self, sleeps: bool) -> None:
+        super().__init__()
+        self.claims: list[bool] = []
+        self._sleeps = sleeps
+
+    def claim(self, by_waiter: bool) -> None:
+        self.claims.append(by_waiter)
+        super().claim(by_waiter)
+
+    def sleep(self) -> bool:
+        if self._sleeps:
+            return super().sleep()
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed)
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_the_lane_tells_its_doorbell_who_claimed() -> None:
+    # the doorbell gives its grace only after a waiting caller's claim: the lane must
+    # say which runner took each job (caller in wait: True; its worker thread: False)
+    waited = _ClaimLog(sleeps=False)
+    lane = ThreadLane("lane-under-test", waited)
+    for job_id in range(3):
+        lane.submit(job_id, lambda: (1, None))
+        lane.wait([job_id])
+    lane.close()
+    assert waited.claims == [True, True, True]
+    unwaited = _ClaimLog(sleeps=True)
+    lane = ThreadLane("lane-under-test", unwaited)
+    for job_id in range(3):
+        done = threading.Event()
+        lane.submit(job_id, lambda done=done: (done.set(), (1, None))[1])
+        assert done.wait(60)
+    lane.close()
+    assert unwaited.claims == [False, False, False]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bell", ["python", "native", "native-no-grace"])
+def test_the_worker_outlives_jobs_its_callers_claim(bell: str) -> None:
+    # callers that wait run (claim) their jobs themselves, often before the woken
+    # worker looks: the worker must go back to sleep, not leave, and still start a
+    # job nobody waits for afterwards (review: three ways to make the worker leave,
+    # a C loop without its recheck, ``if`` for ``while`` around the C wait, ``return``
+    # for ``continue`` in ``_run``, each passed every other test)
+    if bell == "python":
+        chosen: Doorbell = PyDoorbell()
+    else:
+        chosen = NativeDoorbell(require_native(), 0 if bell == "native-no-grace" else GRACE_NS)
+    lane = ThreadLane("lane-under-test", chosen)
+    for job_id in range(300):
+        lane.submit(job_id, lambda: (0, None))
+        lane.wait([job_id])
+        time.sleep(0.0002)  # most often the worker is asleep again when the next rings
+    started = threading.Event()
+    lane.submit(300, lambda: (started.set(), (0, None))[1])
+    assert started.wait(60), "a job nobody waits for never started"
+    lane.close()
+    assert len(lane.poll()) == 301
 
 
 class LaneMachine(RuleBasedStateMachine):

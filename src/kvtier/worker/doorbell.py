@@ -14,12 +14,15 @@ find the queue empty, taking the GIL from the caller in the middle of the job (a
 16 KiB x 16 store cost ~40 us more than its copy). ``NativeDoorbell`` sleeps in C with
 the GIL released and rechecks the count there: a worker whose job was claimed
 first goes back to sleep without touching the GIL. A job nobody waits for is still
-started by the worker once it wakes (one futex wake, as before), at most
-``GRACE_NS`` later.
+started by the worker once it wakes (one futex wake, as before); the grace below
+is given only while the lane's last job was claimed by a waiting caller, so a lane
+whose jobs nobody waits for starts each at once (under CPU load one ``sched_yield``
+of the grace can last a scheduler slice: milliseconds, measured in review).
 
 * ``NativeDoorbell``: ``rowcopy.c``'s ``kvtier_bell_*`` (a pthread mutex and
   condition), from the library the row copier builds. A worker woken by a ring
-  leaves the job ``GRACE_NS`` (yielding its CPU) to be claimed before it returns;
+  leaves the job ``GRACE_NS`` (yielding its CPU) to be claimed before it returns,
+  when the last job was claimed by a waiting caller;
   ``ring`` and ``claim`` are called holding the GIL (``ctypes.PyDLL``: no GIL
   hand-off in the middle of the lane's bookkeeping), ``sleep`` releasing it
   (``ctypes.CDLL``).
@@ -45,8 +48,9 @@ to claim the job before it comes back into Python to run it: the caller's few
 microseconds of Python between its submit and its ``wait``. Without it the woken
 worker usually checked first (the ring's futex wake takes ~10 us on the development
 VM, and the woken thread often runs on the caller's CPU before the caller resumes)
-and came back into Python anyway. A job nobody waits for starts at most this much
-later. Measured in ``docs/worker.md``."""
+and came back into Python anyway. Given only while the lane's last job was claimed by a
+waiting caller (``claim(by_waiter=True)``): a job nobody waits for, after jobs nobody
+waited for, starts at once. Measured in ``docs/worker.md``."""
 
 
 class Doorbell(Protocol):
@@ -55,8 +59,9 @@ class Doorbell(Protocol):
     def ring(self) -> None:
         """One more job queued: wake the sleeper, if any."""
 
-    def claim(self) -> None:
-        """A runner took one job off the queue."""
+    def claim(self, by_waiter: bool) -> None:
+        """A runner took one job off the queue (``by_waiter``: a caller blocked in
+        ``wait``, not the sleeper)."""
 
     def sleep(self) -> bool:
         """Block until a job is unclaimed (True) or the bell is closed with none (False)."""
@@ -81,7 +86,7 @@ class PyDoorbell:
             self._unclaimed += 1
             self._cond.notify()
 
-    def claim(self) -> None:
+    def claim(self, by_waiter: bool) -> None:
         with self._cond:
             self._unclaimed -= 1
 
@@ -112,11 +117,14 @@ class _BellLib:
         self.claim = held.kvtier_bell_claim
         self.close = held.kvtier_bell_close
         self.unclaimed = held.kvtier_bell_unclaimed
+        self.graced = held.kvtier_bell_graced
         self.sleep = released.kvtier_bell_sleep  # the one call that blocks: GIL released
-        for fn in (self.free, self.ring, self.claim, self.close, self.unclaimed, self.sleep):
+        for fn in (self.free, self.ring, self.close, self.unclaimed, self.graced, self.sleep):
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = None
+        self.claim.argtypes, self.claim.restype = [ctypes.c_void_p, ctypes.c_int32], None
         self.unclaimed.restype = ctypes.c_int64
+        self.graced.restype = ctypes.c_int32
         self.sleep.restype = ctypes.c_int32
 
 
@@ -143,8 +151,8 @@ class NativeDoorbell:
     def ring(self) -> None:
         self._lib.ring(self._handle)
 
-    def claim(self) -> None:
-        self._lib.claim(self._handle)
+    def claim(self, by_waiter: bool) -> None:
+        self._lib.claim(self._handle, by_waiter)
 
     def sleep(self) -> bool:
         return bool(self._lib.sleep(self._handle))
@@ -154,6 +162,11 @@ class NativeDoorbell:
 
     def unclaimed(self) -> int:
         return int(self._lib.unclaimed(self._handle))
+
+    def graced(self) -> bool:
+        """Whether a sleeper woken now would give the grace: only while the last job
+        was claimed by a waiting caller (for tests)."""
+        return bool(self._lib.graced(self._handle))
 
 
 _LIBS: dict[str, _BellLib] = {}

@@ -93,13 +93,14 @@ class ThreadLane:
             self._bell.ring()
             self._reported.notify_all()
 
-    def _run_next(self) -> bool:
-        """Run the oldest queued job, if any; the caller holds ``_runner``."""
+    def _run_next(self, by_waiter: bool) -> bool:
+        """Run the oldest queued job, if any; the caller holds ``_runner``
+        (``by_waiter``: a caller blocked in ``wait``, not the worker thread)."""
         with self._lock:
             if not self._queue:
                 return False
             job_id, fn, error = self._queue.popleft()
-            self._bell.claim()
+            self._bell.claim(by_waiter)
         result = TransferResult.failed(job_id, error or "refused")
         try:
             if fn is not None:
@@ -125,7 +126,7 @@ class ThreadLane:
                 if not self._queue:
                     continue  # a waiting caller took the job since the bell woke us
             with self._runner:
-                self._run_next()
+                self._run_next(by_waiter=False)
 
     def poll(self) -> list[TransferResult]:
         """Jobs finished since the last poll, in submission order."""
@@ -144,7 +145,7 @@ class ThreadLane:
                     return
             if self._runner.acquire(blocking=False):
                 try:
-                    ran = self._run_next()
+                    ran = self._run_next(by_waiter=True)
                 finally:
                     self._runner.release()
                 if ran:

@@ -66,7 +66,7 @@
 #include <emmintrin.h>
 #endif
 
-#define KVTIER_ROWCOPY_ABI 4
+#define KVTIER_ROWCOPY_ABI 5
 #define PAGE 4096
 #ifndef WAYS
 #define WAYS 4 /* fragments streamed at once */
@@ -214,6 +214,7 @@ struct kvtier_bell {
     pthread_cond_t cv;
     int64_t unclaimed; /* atomic: rings add under mu, claims subtract without it */
     int64_t grace_ns;
+    int32_t graced; /* atomic: the last claim was a waiting caller's (grace only then) */
     int32_t closed;
     int32_t sleepers; /* threads waiting on cv: ring signals only when there are any */
 };
@@ -256,9 +257,14 @@ void kvtier_bell_ring(void *bell) {
    spinning on the count (the grace), and would take mu the moment it drops; a claim
    holding mu then made it sleep on mu and the caller pay a futex wake to release it.
    A sleeper that misses a claim only wakes for nothing; one that sees a claim sees
-   the ring before it (one atomic variable: one modification order). */
-void kvtier_bell_claim(void *bell) {
+   the ring before it (one atomic variable: one modification order). by_waiter: the
+   runner is a caller blocked in wait, not the sleeper; the grace is given only while
+   the lane's last job was claimed that way, so a lane whose jobs nobody waits for
+   (stores an engine polls for) starts each at once: under CPU load one sched_yield
+   of the grace can last a scheduler slice (milliseconds). */
+void kvtier_bell_claim(void *bell, int32_t by_waiter) {
     struct kvtier_bell *b = bell;
+    __atomic_store_n(&b->graced, by_waiter != 0, __ATOMIC_RELAXED);
     __atomic_sub_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
 }
 
@@ -286,7 +292,9 @@ int32_t kvtier_bell_sleep(void *bell) {
             b->sleepers--;
             slept = 1;
         }
-        if (!slept || b->closed || unclaimed(b) <= 0 || b->grace_ns <= 0) break;
+        if (!slept || b->closed || unclaimed(b) <= 0 || b->grace_ns <= 0 ||
+            !__atomic_load_n(&b->graced, __ATOMIC_RELAXED))
+            break;
         /* woken by a ring: give a caller about to wait the grace to claim the job */
         pthread_mutex_unlock(&b->mu);
         int64_t end = now_ns() + b->grace_ns;
@@ -312,3 +320,9 @@ void kvtier_bell_close(void *bell) {
 
 /* Jobs rung and not yet claimed (for tests: it mirrors the lane's queue length). */
 int64_t kvtier_bell_unclaimed(void *bell) { return unclaimed(bell); }
+
+/* Whether a woken sleeper would give the grace now (for tests). */
+int32_t kvtier_bell_graced(void *bell) {
+    struct kvtier_bell *b = bell;
+    return __atomic_load_n(&b->graced, __ATOMIC_RELAXED);
+}

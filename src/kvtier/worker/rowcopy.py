@@ -65,9 +65,10 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("rowcopy.c")
 CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
-ABI = 4
+ABI = 5
 """What ``kvtier_rowcopy_abi()`` returns for the signatures this module and
-``doorbell`` call (4: the lanes' doorbell, ``kvtier_bell_*``, added)."""
+``doorbell`` call (4: the lanes' doorbell, ``kvtier_bell_*``, added; 5: its claim
+says whether a waiting caller claimed)."""
 SWITCH_ENV = "KVTIER_NATIVE_COPY"
 CACHE_ENV = "KVTIER_NATIVE_CACHE"
 BUILD_TIMEOUT_S = 120
