@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import pickle
+import random
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtier.blocks import BlockHash
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 from kvtier.sim.replay import replay
@@ -92,6 +95,60 @@ def test_a_request_every_shadow_hit_whole_takes_the_shared_fast_path(
     assert policy._everywhere == set(first + second)
     policy.observe([block_key(5)])  # every shadow evicts its coldest: first[1] (used first)
     assert policy._everywhere == {first[0], *second}
+
+
+def test_everywhere_never_keeps_a_key_some_shadow_lacks() -> None:
+    """Keys join ``_everywhere`` only when every shadow hit the whole request (found in
+    review: adding them when any one shadow did passed every other test; this sequence
+    is the shortest the review's search found)."""
+    policy = LeaderPolicy(3)
+    for ids in ([1], [1, 3, 1], [3, 3, 0], [0, 2, 1], [2, 1, 0]):
+        policy.observe([block_key(i) for i in ids])
+        held = set.intersection(*(shadow.resident for shadow in policy._shadows))
+        assert policy._everywhere <= held
+
+
+class _Nowhere(set[BlockHash]):
+    """An ``_everywhere`` that never claims to hold a request: the fast path off."""
+
+    def issuperset(self, other: object) -> bool:
+        return False
+
+
+def _requests(shape: str) -> list[list[BlockHash]]:
+    """A generated workload, each request followed by its first half (a prefix every
+    shadow just stored or hit); or ``"reorder"``: short requests over 24 keys in new
+    orders, all resident once warm, so whole hits still teach branch new forks."""
+    if shape == "reorder":
+        rng = random.Random(5)
+        sizes = [rng.randint(1, 4) for _ in range(600)]
+        return [[block_key(rng.randrange(24)) for _ in range(n)] for n in sizes]
+    trace = generate(replace(shaped(shape, 3), requests=250))
+    halves = (h for r in trace.requests for h in (r.keys, r.keys[: len(r.keys) // 2]))
+    return [list(h) for h in halves if h]
+
+
+@pytest.mark.parametrize(
+    ("shape", "capacity"), [("agents", 40), ("chat", 120), ("mixed", 300), ("reorder", 64)]
+)
+def test_the_fast_path_changes_no_shadow(shape: str, capacity: int) -> None:
+    """Differential: the same requests through a leader with ``_everywhere`` and one
+    without it leave every shadow, the leader and the window in the same state after
+    each request: the fast path must serve exactly what the full path would (its
+    hits, touches, the learning shadow's ``observe``, the window)."""
+    fast, slow = LeaderPolicy(capacity), LeaderPolicy(capacity)
+    slow._everywhere = _Nowhere()
+    took_fast = 0
+    for keys in _requests(shape):
+        took_fast += fast._everywhere.issuperset(keys)
+        fast.observe(keys)
+        slow.observe(keys)
+        state = (fast._leader, fast._left, fast._squares)
+        assert state == (slow._leader, slow._left, slow._squares)
+        for a, b in zip(fast._shadows, slow._shadows, strict=True):
+            assert a.hits == b.hits and a.resident == b.resident
+            assert pickle.dumps(a.policy) == pickle.dumps(b.policy)  # its whole state
+    assert took_fast > 0  # the comparison covered the fast path
 
 
 def _serve(m: TierManager, ids: list[int]) -> int:
