@@ -187,6 +187,39 @@ def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int, bell: str) 
     lane.close()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("bell", ["python", "native"])
+def test_a_job_submitted_while_closing_is_refused_after_the_earlier_ones(bell: str) -> None:
+    # close() runs what is queued first; a job submitted meanwhile is refused, but its
+    # report comes after the earlier jobs' (found in review: it was reported at once,
+    # ahead of a job still running)
+    lane = ThreadLane("lane-under-test", make_bell(bell))
+    running, release = threading.Event(), threading.Event()
+
+    def slow() -> tuple[int, None]:
+        running.set()
+        assert release.wait(60)
+        return 1, None
+
+    lane.submit(1, slow)
+    assert running.wait(60)
+    closer = threading.Thread(target=lane.close)
+    closer.start()
+    deadline = time.monotonic() + 60
+    while not lane._closed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert lane._closed
+    lane.submit(2, lambda: (2, None))
+    assert lane.poll() == []  # job 1 still runs: nothing may be reported before it
+    release.set()
+    closer.join(60)
+    assert not closer.is_alive()
+    reports = [(r.job_id, r.success, r.error) for r in lane.poll()]
+    assert reports == [(1, True, None), (2, False, "lane is closed")]
+    lane.submit(3, lambda: (3, None))  # after close returned: refused at once
+    assert [(r.job_id, r.success) for r in lane.poll()] == [(3, False)]
+
+
 class _ClaimLog(PyDoorbell):
     """The Python doorbell, recording who claimed each job; ``sleeps``: False, the
     worker never wakes for a job (only ``close`` ends its sleep), so every job is

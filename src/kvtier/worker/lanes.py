@@ -81,13 +81,16 @@ class ThreadLane:
     def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
         """Queue a job (``fn=None`` with an ``error``: report it failed, in order).
 
-        After ``close`` the thread is gone and every earlier job is done, so a job
-        is reported at once: failed, since a closed lane runs nothing.
+        A closed lane runs nothing: a job submitted after ``close`` is reported
+        failed, at once when every earlier job is reported, else queued as a refusal
+        behind them (``close`` reports it), so reports stay in submission order.
         """
         with self._lock:
-            if self._closed:
+            if self._closed and not self._in_flight:
                 self._done.append(TransferResult.failed(job_id, error or "lane is closed"))
                 return
+            if self._closed:  # closing, earlier jobs still to report: refused in turn
+                fn, error = None, error or "lane is closed"
             self._in_flight.add(job_id)
             self._queue.append((job_id, fn, error))
             self._bell.ring()
@@ -168,9 +171,12 @@ class ThreadLane:
             self._reported.notify_all()
         self._thread.join()
         # a caller in ``wait`` may still run the last job (the worker thread found the
-        # queue empty and left): closing returns only once no job runs at all
+        # queue empty and left), and a job submitted while closing is queued (refused)
+        # behind the earlier ones: closing returns once every queued job is reported
+        # and none runs
         with self._runner:
-            pass
+            while self._run_next(by_waiter=False):
+                pass
 
 
 @dataclass(slots=True)

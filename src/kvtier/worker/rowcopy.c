@@ -283,6 +283,7 @@ static int64_t now_ns(void) {
 
 int32_t kvtier_bell_sleep(void *bell) {
     struct kvtier_bell *b = bell;
+    int32_t job;
     pthread_mutex_lock(&b->mu);
     for (;;) {
         int32_t slept = 0;
@@ -292,9 +293,21 @@ int32_t kvtier_bell_sleep(void *bell) {
             b->sleepers--;
             slept = 1;
         }
-        if (!slept || b->closed || unclaimed(b) <= 0 || b->grace_ns <= 0 ||
-            !__atomic_load_n(&b->graced, __ATOMIC_RELAXED))
+        /* Claims do not take mu: the count can drop to 0 between the loop's test and
+           this one. Only a closed bell may return 0 (the sleeper then leaves for
+           good); an open one whose job was claimed meanwhile sleeps again. */
+        if (unclaimed(b) <= 0) {
+            if (b->closed) {
+                job = 0;
+                break;
+            }
+            continue;
+        }
+        if (!slept || b->closed || b->grace_ns <= 0 ||
+            !__atomic_load_n(&b->graced, __ATOMIC_RELAXED)) {
+            job = 1; /* may be claimed by now: the lane rechecks its queue */
             break;
+        }
         /* woken by a ring: give a caller about to wait the grace to claim the job */
         pthread_mutex_unlock(&b->mu);
         int64_t end = now_ns() + b->grace_ns;
@@ -302,9 +315,11 @@ int32_t kvtier_bell_sleep(void *bell) {
             sched_yield(); /* the caller may share this CPU: let it run and claim */
         }
         pthread_mutex_lock(&b->mu);
-        if (unclaimed(b) > 0) break;
+        if (unclaimed(b) > 0) {
+            job = 1;
+            break;
+        }
     }
-    int32_t job = unclaimed(b) > 0;
     pthread_mutex_unlock(&b->mu);
     return job;
 }
