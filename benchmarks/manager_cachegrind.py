@@ -71,26 +71,16 @@ def child(policy: str, pinned: int, stores: int, made: int) -> None:
     os._exit(0)
 
 
-def counts(src: str, policy: str, pinned: int, stores: int, made: int) -> dict[str, int]:
-    """Cachegrind's totals for one child run with ``src`` on the path."""
+VALGRIND = ("--tool=cachegrind", "--cache-sim=yes", "--D1=65536,4,64", "--LL=1048576,8,64")
+"""The simulated caches: 64 KiB 4-way L1d, 1 MiB 8-way last level, 64-byte lines."""
+
+
+def cachegrind_totals(script: str, child_args: list[str], env: dict[str, str]) -> dict[str, int]:
+    """Cachegrind's totals for one run of ``python script --child *child_args``."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "cg.out"
-        env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
-        cmd = [
-            "valgrind",
-            "--tool=cachegrind",
-            "--cache-sim=yes",
-            "--D1=65536,4,64",
-            "--LL=1048576,8,64",
-            f"--cachegrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--child",
-            policy,
-            str(pinned),
-            str(stores),
-            str(made),
-        ]
+        cmd = ["valgrind", *VALGRIND, f"--cachegrind-out-file={out}"]
+        cmd += [sys.executable, script, "--child", *child_args]
         subprocess.run(cmd, env=env, check=True, capture_output=True)
         text = out.read_text()
     events = re.search(r"^events: (.*)$", text, re.M)
@@ -99,11 +89,9 @@ def counts(src: str, policy: str, pinned: int, stores: int, made: int) -> dict[s
     return dict(zip(events.group(1).split(), map(int, summary.group(1).split()), strict=True))
 
 
-def per_block(src: str, policy: str, pinned: int, stores: int) -> dict[str, float]:
-    """Counts of ``stores`` rounds less those of none, per stored+evicted block."""
-    full = counts(src, policy, pinned, stores, stores)
-    empty = counts(src, policy, pinned, 0, stores)
-    n = stores * BATCH
+def misses_per_block(full: dict[str, int], empty: dict[str, int], n: int) -> dict[str, float]:
+    """Instructions and misses of a run with ``n`` stored blocks less those of one with
+    none, per block."""
     return {
         "instructions": round((full["Ir"] - empty["Ir"]) / n),
         "d1_misses": round((full["D1mr"] + full["D1mw"] - empty["D1mr"] - empty["D1mw"]) / n, 1),
@@ -111,6 +99,25 @@ def per_block(src: str, policy: str, pinned: int, stores: int) -> dict[str, floa
             (full["DLmr"] + full["DLmw"] - empty["DLmr"] - empty["DLmw"]) / n, 1
         ),
     }
+
+
+def git_head() -> str:
+    """The commit of the checkout this runs in ("" outside git)."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def counts(src: str, policy: str, pinned: int, stores: int, made: int) -> dict[str, int]:
+    """Cachegrind's totals for one child run with ``src`` on the path."""
+    env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
+    return cachegrind_totals(__file__, [policy, str(pinned), str(stores), str(made)], env)
+
+
+def per_block(src: str, policy: str, pinned: int, stores: int) -> dict[str, float]:
+    """Counts of ``stores`` rounds less those of none, per stored+evicted block."""
+    full = counts(src, policy, pinned, stores, stores)
+    empty = counts(src, policy, pinned, 0, stores)
+    return misses_per_block(full, empty, stores * BATCH)
 
 
 def main() -> None:
@@ -138,9 +145,7 @@ def main() -> None:
     if args.out:
         doc = {
             "benchmark": "manager_cachegrind",
-            "commit": subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-            ).stdout.strip(),
+            "commit": git_head(),
             "sides": sides,
             "configuration": {
                 "blocks": BLOCKS,
@@ -148,7 +153,7 @@ def main() -> None:
                 "stores": args.stores,
                 "pinned": args.pinned,
                 "python": sys.version.split()[0],
-                "valgrind": "--tool=cachegrind --cache-sim=yes --D1=65536,4,64 --LL=1048576,8,64",
+                "valgrind": " ".join(VALGRIND),
             },
             "per_block": results,
         }

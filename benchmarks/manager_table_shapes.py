@@ -44,11 +44,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -253,44 +251,19 @@ def check(ghost_cap: int, stores: int) -> None:
 
 def counts(layout: str, ghost_cap: int, stores: int, made: int) -> dict[str, int]:
     """Cachegrind's totals for one child run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        cmd = [
-            "valgrind",
-            "--tool=cachegrind",
-            "--cache-sim=yes",
-            "--D1=65536,4,64",
-            "--LL=1048576,8,64",
-            f"--cachegrind-out-file={out}",
-            sys.executable,
-            __file__,
-            "--child",
-            layout,
-            str(ghost_cap),
-            str(stores),
-            str(made),
-        ]
-        subprocess.run(cmd, env=env, check=True, capture_output=True)
-        text = out.read_text()
-    events = re.search(r"^events: (.*)$", text, re.M)
-    summary = re.search(r"^summary: (.*)$", text, re.M)
-    assert events and summary, "no cachegrind summary"
-    return dict(zip(events.group(1).split(), map(int, summary.group(1).split()), strict=True))
+    from manager_cachegrind import cachegrind_totals  # not in the measured child
+
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    return cachegrind_totals(__file__, [layout, str(ghost_cap), str(stores), str(made)], env)
 
 
 def per_block(layout: str, ghost_cap: int, stores: int) -> dict[str, float]:
     """Counts of ``stores`` rounds less those of none, per stored+evicted block."""
     full = counts(layout, ghost_cap, stores, stores)
     empty = counts(layout, ghost_cap, 0, stores)
-    n = stores * BATCH
-    return {
-        "instructions": round((full["Ir"] - empty["Ir"]) / n),
-        "d1_misses": round((full["D1mr"] + full["D1mw"] - empty["D1mr"] - empty["D1mw"]) / n, 1),
-        "l2_misses_1MiB": round(
-            (full["DLmr"] + full["DLmw"] - empty["DLmr"] - empty["DLmw"]) / n, 1
-        ),
-    }
+    from manager_cachegrind import misses_per_block
+
+    return misses_per_block(full, empty, stores * BATCH)
 
 
 GHOST_CAPS = {"arc": REUSED, "slru": 4 * BLOCKS}
@@ -339,11 +312,11 @@ def main() -> None:
                 flush=True,
             )
     if args.out:
+        from manager_cachegrind import VALGRIND, git_head
+
         doc = {
             "benchmark": "manager_table_shapes",
-            "commit": subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-            ).stdout.strip(),
+            "commit": git_head(),
             "configuration": {
                 "blocks": BLOCKS,
                 "batch": BATCH,
@@ -352,7 +325,7 @@ def main() -> None:
                 "stores": args.stores,
                 "ghost_caps": GHOST_CAPS,
                 "python": sys.version.split()[0],
-                "valgrind": "--tool=cachegrind --cache-sim=yes --D1=65536,4,64 --LL=1048576,8,64",
+                "valgrind": " ".join(VALGRIND),
             },
             "per_block": results,
         }
@@ -391,11 +364,11 @@ def time_layouts(args: argparse.Namespace) -> None:
     loads = [float(x["load"]) for x in runs]  # type: ignore[arg-type]
     print(f"load average (1 min): {min(loads):.2f}-{max(loads):.2f}")
     if args.out:
+        from manager_cachegrind import git_head
+
         doc = {
             "benchmark": "manager_table_shapes --time",
-            "commit": subprocess.run(
-                ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-            ).stdout.strip(),
+            "commit": git_head(),
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "configuration": {"blocks": BLOCKS, "batch": BATCH, "stores": args.stores},
             "load_average_1min": {"min": min(loads), "max": max(loads)},
