@@ -72,6 +72,11 @@ class Doorbell(Protocol):
     def unclaimed(self) -> int:
         """Jobs rung and not claimed (for tests and invariants)."""
 
+    def renewed(self) -> Doorbell:
+        """A fresh bell of the same kind, for a forked child (``ThreadLane._after_fork``).
+        This one is never used again, nor its state freed (a lock or a C mutex a parent's
+        thread held at the fork stays held in the child)."""
+
 
 class PyDoorbell:
     """The pure-Python doorbell: a condition of its own (never the lane's lock)."""
@@ -104,6 +109,9 @@ class PyDoorbell:
         with self._cond:
             return self._unclaimed
 
+    def renewed(self) -> Doorbell:
+        return PyDoorbell()
+
 
 class _BellLib:
     """The ``kvtier_bell_*`` functions of one loaded library, typed once."""
@@ -132,7 +140,8 @@ class NativeDoorbell:
     """The compiled doorbell: the worker sleeps and rechecks in C, GIL released.
 
     The C state is freed when this object is collected (after its lane's thread has
-    ended: that thread holds the lane, which holds the bell).
+    ended: that thread holds the lane, which holds the bell), never once the bell is
+    ``renewed`` in a forked child.
     """
 
     def __init__(self, native: NativeRowCopier, grace_ns: int = GRACE_NS) -> None:
@@ -144,9 +153,11 @@ class NativeDoorbell:
             raise MemoryError("kvtier_bell_new returned NULL")
         self._handle = ctypes.c_void_p(handle)
         self._lib = lib
+        self._native, self._grace_ns = native, grace_ns
         # not at exit: a daemon lane thread may still sleep on it then (freeing a
         # condition with a waiter blocks)
-        weakref.finalize(self, lib.free, self._handle).atexit = False
+        self._free = weakref.finalize(self, lib.free, self._handle)
+        self._free.atexit = False
 
     def ring(self) -> None:
         self._lib.ring(self._handle)
@@ -162,6 +173,13 @@ class NativeDoorbell:
 
     def unclaimed(self) -> int:
         return int(self._lib.unclaimed(self._handle))
+
+    def renewed(self) -> Doorbell:
+        # the C state is left as it is, never freed: in a child forked while the
+        # parent's worker slept on it, ``pthread_cond_destroy`` would wait for that
+        # sleeper forever (a few dozen bytes per fork)
+        self._free.detach()
+        return NativeDoorbell(self._native, self._grace_ns)
 
     def graced(self) -> bool:
         """Whether a sleeper woken now would give the grace: only while the last job

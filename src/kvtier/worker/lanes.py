@@ -18,6 +18,12 @@ A lane takes *enqueue functions* and reports each job once, in submission order.
 
 Either way a function that raises, and a job submitted with an ``error``, become a
 failed ``TransferResult``; nothing is raised to the caller.
+
+A ``ThreadLane`` survives ``os.fork``: in the child it has new locks and a new doorbell
+(the parent's worker thread is not there, and a lock it held at the fork would stay
+held), reports the jobs queued or running at the fork failed, and starts a worker
+thread at the child's first submit. A ``CudaLane`` does nothing: CUDA cannot be used
+in a child forked after it was initialised.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 
 import torch
 
+from kvtier.media.forks import renew_after_fork
 from kvtier.worker.doorbell import Doorbell, new_doorbell
 from kvtier.worker.handler import TransferResult
 from kvtier.worker.pagecopy import Deferred
@@ -75,7 +82,13 @@ class ThreadLane:
         self._done: deque[TransferResult] = deque()
         self._in_flight: set[int] = set()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._start_worker()
+        renew_after_fork(self)
+
+    def _start_worker(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
     def submit(self, job_id: int, fn: EnqueueFn | None, error: str | None = None) -> None:
@@ -91,6 +104,8 @@ class ThreadLane:
                 return
             if self._closed:  # closing, earlier jobs still to report: refused in turn
                 fn, error = None, error or "lane is closed"
+            if self._thread is None:  # the first job of a forked child
+                self._start_worker()
             self._in_flight.add(job_id)
             self._queue.append((job_id, fn, error))
             self._bell.ring()
@@ -169,7 +184,8 @@ class ThreadLane:
             self._closed = True
             self._bell.close()
             self._reported.notify_all()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         # a caller in ``wait`` may still run the last job (the worker thread found the
         # queue empty and left), and a job submitted while closing is queued (refused)
         # behind the earlier ones: closing returns once every queued job is reported
@@ -177,6 +193,27 @@ class ThreadLane:
         with self._runner:
             while self._run_next(by_waiter=False):
                 pass
+
+    def _after_fork(self) -> None:
+        """In a child forked from this process (``media/forks``), before anything else
+        runs there: new locks and doorbell; the jobs queued or running at the fork are
+        reported failed (they ran in the parent, in part or not at all, and their
+        results are the parent's), after the reports already due; no worker thread
+        until the next submit."""
+        self._lock = threading.Lock()
+        self._reported = threading.Condition(self._lock)
+        self._runner = threading.Lock()
+        self._bell = self._bell.renewed()
+        queued = [job_id for job_id, _, _ in self._queue]
+        reported = {result.job_id for result in self._done}
+        # at most one job runs; one more may be half submitted (in ``_in_flight``, not
+        # yet queued) if its thread stopped inside ``submit``'s lock at the fork
+        cut_off = sorted(self._in_flight - set(queued) - reported) + queued
+        for job_id in cut_off:
+            self._done.append(TransferResult.failed(job_id, "lane forked: a parent's job"))
+        self._queue.clear()
+        self._in_flight.clear()
+        self._thread = None
 
 
 @dataclass(slots=True)

@@ -6,7 +6,9 @@ block for the disk, one per batch for Redis) to the direction's pool, so several
 writes are in flight (the system calls and sockets release the GIL). A job finishes when
 all its tasks have; ``get_finished`` reports jobs in submission order even when the pool
 finishes them out of order, each with success, bytes and time, and on failure what
-failed and why. Nothing a job does raises out of the handler.
+failed and why. Nothing a job does raises out of the handler. In a forked child the
+handler starts afresh (``media/forks``): a new pool and condition, the jobs unfinished
+at the fork reported failed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from kvtier.blocks import Medium
 from kvtier.errors import KvtierError, TransferSpecError
 from kvtier.load_store_specs import BlockIdsSpec, CPULoadStoreSpec, KeyedBlocksSpec
+from kvtier.media.forks import renew_after_fork
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 
 logger = logging.getLogger(__name__)
@@ -81,11 +84,25 @@ class PooledHandler(OffloadingHandler):
         self, *, src_medium: Medium, dst_medium: Medium, io_threads: int, thread_name: str
     ) -> None:
         self.src_medium, self.dst_medium = src_medium, dst_medium
+        self._io_threads, self._thread_name = io_threads, thread_name
         self._pool = ThreadPoolExecutor(io_threads, thread_name_prefix=thread_name)
         self._cv = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._by_id: dict[int, _Job] = {}
         self._shut = False
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's pool threads are not there (its executor
+        would queue tasks no thread runs) and a lock one held at the fork stays held.
+        A new pool and condition; every job unfinished at the fork is reported failed
+        (its tasks ran in the parent, in part or not at all)."""
+        self._cv = threading.Condition()
+        self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix=self._thread_name)
+        for job in self._jobs:
+            if not job.done:
+                job.errors.append("handler forked: a parent's job")
+                job.pending = 0
 
     @abc.abstractmethod
     def _plan(self, spec: TransferSpec) -> list[Task]:
