@@ -19,6 +19,23 @@ def test_defaults_and_sizes() -> None:
     assert parse_bytes("x", 4096) == 4096
 
 
+def test_every_key_left_out_takes_the_dataclass_default() -> None:
+    """``from_dict`` and the dataclass agree on every default (one place writes each):
+    the tiers' keys too, once their tier is configured."""
+    given = {
+        "cpu_bytes_to_use": 1 << 20,
+        "disk_path": "/tmp/kvtier-config-test",
+        "disk_bytes_to_use": 1 << 20,
+        "remote_url": "redis://127.0.0.1:6379",
+    }
+    cfg = OffloadingConfig.from_dict(given)
+    for f in dataclasses.fields(OffloadingConfig):
+        if f.name in given or f.name == "disk_direct_io":  # "auto" is stored as None
+            continue
+        assert getattr(cfg, f.name) == f.default, f.name
+    assert cfg.disk_direct_io is None
+
+
 def test_config_is_frozen() -> None:
     cfg = OffloadingConfig.from_dict({"cpu_bytes_to_use": 1 << 20})
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -100,7 +100,7 @@ def _choice(key: str, value: object, choices: list[str]) -> str:
     return value
 
 
-def _disk_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _disk_keys(raw: Mapping[str, Any], get: Callable[[str], object]) -> dict[str, Any]:
     path = raw.get("disk_path")
     size = raw.get("disk_bytes_to_use")
     if path is None:
@@ -118,10 +118,10 @@ def _disk_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
         "disk_path": os.fspath(path),
         "disk_bytes_to_use": parse_bytes("disk_bytes_to_use", size),
         "disk_eviction_policy": _choice(
-            "disk_eviction_policy", raw.get("disk_eviction_policy", "lru"), sorted(POLICIES)
+            "disk_eviction_policy", get("disk_eviction_policy"), sorted(POLICIES)
         ),
-        "disk_io_threads": positive_int("disk_io_threads", raw.get("disk_io_threads", 4)),
-        "disk_fsync": _bool("disk_fsync", raw.get("disk_fsync", False)),
+        "disk_io_threads": positive_int("disk_io_threads", get("disk_io_threads")),
+        "disk_fsync": _bool("disk_fsync", get("disk_fsync")),
         "disk_direct_io": None if direct == "auto" else direct,
     }
 
@@ -140,7 +140,7 @@ def _optional_str(key: str, value: object) -> str | None:
     return value
 
 
-def _remote_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
+def _remote_keys(raw: Mapping[str, Any], get: Callable[[str], object]) -> dict[str, Any]:
     url = raw.get("remote_url")
     if url is None:
         given = sorted(k for k in raw if k.startswith("remote_"))
@@ -151,18 +151,14 @@ def _remote_keys(raw: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError("remote_url", f"must be redis://, rediss:// or unix://, got {url!r}")
     return {
         "remote_url": url,
-        "remote_cluster": _bool("remote_cluster", raw.get("remote_cluster", False)),
-        "remote_timeout_s": _seconds("remote_timeout_s", raw.get("remote_timeout_s", 1.0)),
-        "remote_password_env": _optional_str(
-            "remote_password_env", raw.get("remote_password_env", "KVTIER_REDIS_PASSWORD")
-        ),
-        "remote_io_threads": positive_int("remote_io_threads", raw.get("remote_io_threads", 2)),
-        "remote_ttl_s": _seconds("remote_ttl_s", raw.get("remote_ttl_s"), optional=True),
-        "remote_tls_ca_file": _optional_str("remote_tls_ca_file", raw.get("remote_tls_ca_file")),
-        "remote_index_blocks": positive_int(
-            "remote_index_blocks", raw.get("remote_index_blocks", 1_000_000)
-        ),
-        "remote_backoff_s": _seconds("remote_backoff_s", raw.get("remote_backoff_s", 0.5)),
+        "remote_cluster": _bool("remote_cluster", get("remote_cluster")),
+        "remote_timeout_s": _seconds("remote_timeout_s", get("remote_timeout_s")),
+        "remote_password_env": _optional_str("remote_password_env", get("remote_password_env")),
+        "remote_io_threads": positive_int("remote_io_threads", get("remote_io_threads")),
+        "remote_ttl_s": _seconds("remote_ttl_s", get("remote_ttl_s"), optional=True),
+        "remote_tls_ca_file": _optional_str("remote_tls_ca_file", get("remote_tls_ca_file")),
+        "remote_index_blocks": positive_int("remote_index_blocks", get("remote_index_blocks")),
+        "remote_backoff_s": _seconds("remote_backoff_s", get("remote_backoff_s")),
     }
 
 
@@ -228,8 +224,8 @@ class OffloadingConfig:
             hash_algorithm=_choice("hash_algorithm", get("hash_algorithm"), list(HASH_ALGORITHMS)),
             store_policy=_choice("store_policy", get("store_policy"), list(STORE_POLICIES)),
             max_pending_writes=positive_int("max_pending_writes", get("max_pending_writes")),
-            **_disk_keys(raw),
-            **_remote_keys(raw),
+            **_disk_keys(raw, get),
+            **_remote_keys(raw, get),
         )
 
     def num_cpu_blocks(self, bytes_per_block: int) -> int:
