@@ -119,9 +119,10 @@ class ThreadLane:
                 return False
             job_id, fn, error = self._queue.popleft()
             self._bell.claim(by_waiter)
-        result = TransferResult.failed(job_id, error or "refused")
         try:
-            if fn is not None:
+            if fn is None:
+                result = TransferResult.failed(job_id, error or "refused")
+            else:
                 start = time.perf_counter()
                 nbytes, _ = fn()
                 result = TransferResult(job_id, True, nbytes, time.perf_counter() - start)
