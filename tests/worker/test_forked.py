@@ -11,12 +11,13 @@ from collections.abc import Callable
 import pytest
 
 from kvtier.blocks import Medium
-from kvtier.worker.doorbell import PyDoorbell
+from kvtier.worker.doorbell import _LIBS_LOCK, Doorbell, NativeDoorbell, PyDoorbell
 from kvtier.worker.handler import TransferResult, TransferSpec
 from kvtier.worker.lanes import ThreadLane
 from kvtier.worker.thread_pool_handler import PooledHandler, Task
 
 from ..forking import held_by_another_thread, run_in_forked_child
+from .conftest import require_native
 from .test_lanes import BELLS, make_bell
 
 pytestmark = [
@@ -106,14 +107,16 @@ def test_a_lane_forked_while_idle_starts_its_childs_unwaited_jobs(bell: str) -> 
         lane.close()
 
 
-@pytest.mark.parametrize("which", ["lane", "bell"])
+@pytest.mark.parametrize("which", ["lane", "bell", "bell library"])
 def test_a_lane_forked_while_a_parent_thread_holds_its_lock_or_its_bells(which: str) -> None:
     """A lock another thread of the parent holds at the fork stays held in the child
-    (that thread is not there to release it): the lane's own, or its doorbell's (here
-    the Python bell's, whose lock ``ring`` takes; the compiled bell's mutex is held
-    for a moment the same way, which no test can hold open)."""
-    bell = PyDoorbell()
+    (that thread is not there to release it): the lane's own; the Python bell's, which
+    ``ring`` takes (the compiled bell's mutex is held for a moment the same way, which
+    no test can hold open); or the lock around loading the compiled bell's library,
+    which renewing a compiled bell must not take."""
+    bell: Doorbell = NativeDoorbell(require_native()) if which == "bell library" else PyDoorbell()
     lane = ThreadLane("held-lane", bell)
+    held = {"lane": lane._lock, "bell": getattr(bell, "_cond", None), "bell library": _LIBS_LOCK}
     try:
 
         def child() -> bool:
@@ -124,7 +127,7 @@ def test_a_lane_forked_while_a_parent_thread_holds_its_lock_or_its_bells(which: 
             lane.close()
             return got == [(1, True, 9), (2, True, 4)]
 
-        with held_by_another_thread(lane._lock if which == "lane" else bell._cond) as release:
+        with held_by_another_thread(held[which]) as release:
             run_in_forked_child(child, release.set)
         lane.submit(3, returns(1))
         lane.wait([3])

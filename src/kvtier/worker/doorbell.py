@@ -192,6 +192,9 @@ _LIBS_LOCK = threading.Lock()
 
 
 def _bell_lib(path: str) -> _BellLib:
+    lib = _LIBS.get(path)  # loaded once, then no lock: none is taken in a forked child
+    if lib is not None:  # (``renewed``), where another thread may have held it
+        return lib
     with _LIBS_LOCK:
         lib = _LIBS.get(path)
         if lib is None:
