@@ -7,11 +7,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+import torch
 
-from kvtier.blocks import Medium
+from kvtier.blocks import BlockHash, BlockId, Medium
+from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
+from kvtier.media.disk import DiskStore
+from kvtier.media.disk_layout import block_file_size
+from kvtier.worker import KVLayout
+from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 from kvtier.worker.doorbell import _LIBS_LOCK, Doorbell, NativeDoorbell, PyDoorbell
+from kvtier.worker.gpu_cpu import CpuGpuOffloadingHandlers
 from kvtier.worker.handler import TransferResult, TransferSpec
 from kvtier.worker.lanes import ThreadLane
 from kvtier.worker.thread_pool_handler import PooledHandler, Task
@@ -197,3 +205,60 @@ def test_a_pooled_handler_forked_in_the_middle_of_a_job_runs_the_childs_jobs() -
     finally:
         gate.set()
         handler.shutdown()
+
+
+def test_a_gpu_cpu_handler_forked_while_its_copier_is_held_copies_in_the_child() -> None:
+    """The compiled row copier takes its route's lock for each copy (the lane's thread
+    holds it for the copy's length): a child forked meanwhile copies with a new one,
+    byte-exact."""
+    require_native()
+    kv = [torch.randint(0, 256, (2, 8, 4, 2, 8), dtype=torch.uint8) for _ in range(2)]
+    handlers = CpuGpuOffloadingHandlers(kv, 4, 4, 8, KVLayout.KV_FIRST)
+    store = (GPULoadStoreSpec((BlockId(5), BlockId(2))), CPULoadStoreSpec((BlockId(1), BlockId(6))))
+    g2c = handlers.gpu_to_cpu_handler
+    assert g2c._copier.kind == "native"  # type: ignore[attr-defined]
+    route = g2c._copier._routes[0]  # type: ignore[attr-defined]
+    try:
+
+        def child() -> bool:
+            g2c.transfer_async(1, store)
+            g2c.wait([1])
+            ok = [r.success for r in g2c.get_finished()] == [True]
+            slab = handlers.host_slab.tensor.view(8, -1)
+            view = handlers.kv_view
+            want = [torch.cat([f[g].reshape(-1) for f in view.fragments]) for g in (5, 2)]
+            return ok and all(torch.equal(slab[c], w) for c, w in zip((1, 6), want, strict=True))
+
+        with held_by_another_thread(route._lock) as release:
+            run_in_forked_child(child, release.set)
+    finally:
+        handlers.shutdown()
+
+
+def test_a_disk_handler_forked_while_the_store_is_held_stores_and_loads_in_the_child(
+    tmp_path: Path,
+) -> None:
+    """A disk I/O thread takes the store's mutex for every slot it reserves or frees:
+    a child forked while another thread holds it stores and loads its blocks."""
+    store = DiskStore.open(tmp_path, b"\x44" * 32, 8 * block_file_size(4096))
+    pages = torch.randint(0, 256, (4, 4096), dtype=torch.uint8)
+    handlers = CpuDiskOffloadingHandlers(pages, store, io_threads=2)
+    keys = (BlockHash(b"\x01" * 32), BlockHash(b"\x02" * 32))
+    ids = (BlockId(0), BlockId(1))
+    back = (BlockId(2), BlockId(3))
+    try:
+
+        def child() -> bool:
+            to_disk, to_cpu = handlers.cpu_to_disk_handler, handlers.disk_to_cpu_handler
+            to_disk.transfer_async(1, (CPULoadStoreSpec(ids), DiskLoadStoreSpec(ids, keys)))
+            to_disk.wait([1])
+            to_cpu.transfer_async(2, (DiskLoadStoreSpec(back, keys), CPULoadStoreSpec(back)))
+            to_cpu.wait([2])
+            done = [r.success for r in to_disk.get_finished() + to_cpu.get_finished()]
+            return done == [True, True] and torch.equal(pages[2:4], pages[0:2])
+
+        with held_by_another_thread(store._mutex) as release:
+            run_in_forked_child(child, release.set)
+    finally:
+        handlers.shutdown()
+        store.close()

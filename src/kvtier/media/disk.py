@@ -60,6 +60,7 @@ from kvtier.media.disk_layout import (
     slots_per_segment,
 )
 from kvtier.media.disk_slots import SlotTable
+from kvtier.media.forks import renew_after_fork
 
 _log = logging.getLogger(__name__)
 MAX_RUN_BYTES = 4 << 20
@@ -132,12 +133,20 @@ class DiskStore:
         self.recovered: tuple[StoredBlock, ...] = ()
         self._lock_fd: int | None = lock_fd
         self._mutex = threading.Lock()
+        renew_after_fork(self)
         self._table = SlotTable(capacity_bytes)
         self._last_use: dict[bytes, int] = {}
         self._stale_use: set[bytes] = set()  # loaded since their record was written
         self._fds: dict[tuple[int, int, bool], int] = {}  # (slot bytes, segment, direct)
         self._index_fds: dict[int, int] = {}
         self._local = threading.local()
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new mutex (a parent's I/O thread may have held the old
+        one at the fork, for good in the child). The child then shares the directory
+        with the parent: a slot one of them rewrites is a miss for the other (every
+        header names its block, every payload has its checksum), never wrong bytes."""
+        self._mutex = threading.Lock()
 
     @classmethod
     def open(

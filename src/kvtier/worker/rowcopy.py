@@ -60,6 +60,7 @@ import numpy as np
 import torch
 
 from kvtier.errors import TransferSpecError
+from kvtier.media.forks import renew_after_fork
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class RowRoute:
     of the source and of the destination have the same row width. Keeps the tensors
     alive as long as the route. One thread copies through a route at a time (a lock;
     a handler's lane is one thread anyway): the job's rows go through the route's own
-    buffers.
+    buffers. A forked child gets a new lock (``media/forks``).
     """
 
     def __init__(
@@ -162,6 +163,12 @@ class RowRoute:
         self._names = names
         self._row_bytes = sum(int(s.shape[1]) for s in src)
         self._grow(64)
+        renew_after_fork(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's lane thread copying at the fork
+        held the old one, for good in the child)."""
+        self._lock = threading.Lock()
 
     def _grow(self, rows: int) -> None:
         """Row buffers for jobs of up to ``rows`` rows (the route's struct points at them)."""
