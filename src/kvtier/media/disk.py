@@ -143,10 +143,13 @@ class DiskStore:
 
     def _after_fork(self) -> None:
         """In a forked child: a new mutex (a parent's I/O thread may have held the old
-        one at the fork, for good in the child). The child then shares the directory
-        with the parent: a slot one of them rewrites is a miss for the other (every
-        header names its block, every payload has its checksum), never wrong bytes."""
+        one at the fork, for good in the child); the slots reserved by the parent's
+        writes in flight are free again (nothing in the child would commit or release
+        them). The child then shares the directory with the parent: a slot one of them
+        rewrites is a miss for the other (every header names its block, every payload
+        has its checksum), never wrong bytes."""
         self._mutex = threading.Lock()
+        self._table.recount()
 
     @classmethod
     def open(

@@ -133,6 +133,24 @@ class SlotTable:
         self.reserved_bytes += n * slot_bytes
         return [Slot(slot_bytes, i) for i in picks]
 
+    def recount(self) -> int:
+        """Free every reserved slot and count the held ones again; how many were freed.
+
+        For a forked child (``DiskStore._after_fork``): the writes that reserved slots
+        are the parent's, and a parent thread may have stopped half-way through
+        changing the table at the fork.
+        """
+        held = {(slot.slot_bytes, slot.index) for slot in self._where.values()}
+        freed = 0
+        for slot_bytes, free in self._free.items():
+            for i, mark in enumerate(free):
+                if mark != _FREE and (slot_bytes, i) not in held:
+                    free[i] = _FREE
+                    freed += 1
+        self.reserved_bytes = 0
+        self.used_bytes = sum(slot.slot_bytes for slot in self._where.values())
+        return freed
+
     def release(self, slot: Slot) -> None:
         """A reserved slot whose write failed: free again."""
         self.reserved_bytes -= slot.slot_bytes

@@ -9,9 +9,12 @@ connections, a probe no thread will finish). One hook serves every such object.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 
 class Renewable(Protocol):
@@ -29,7 +32,10 @@ def renew_after_fork(obj: Renewable) -> None:
 
 def _after_fork_in_child() -> None:
     for obj in list(_LIVE):
-        obj._after_fork()
+        try:
+            obj._after_fork()
+        except Exception:  # one object's failure must not leave the others unrenewed
+            logger.exception("renewing %r after a fork failed", obj)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

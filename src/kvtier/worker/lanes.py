@@ -106,8 +106,8 @@ class ThreadLane:
                 fn, error = None, error or "lane is closed"
             if self._thread is None:  # the first job of a forked child
                 self._start_worker()
+            self._queue.append((job_id, fn, error))  # before ``_in_flight`` (``_after_fork``)
             self._in_flight.add(job_id)
-            self._queue.append((job_id, fn, error))
             self._bell.ring()
             self._reported.notify_all()
 
@@ -207,8 +207,8 @@ class ThreadLane:
         self._bell = self._bell.renewed()
         queued = [job_id for job_id, _, _ in self._queue]
         reported = {result.job_id for result in self._done}
-        # at most one job runs; one more may be half submitted (in ``_in_flight``, not
-        # yet queued) if its thread stopped inside ``submit``'s lock at the fork
+        # in flight, neither queued nor reported: the one job running (``submit`` queues
+        # a job before it marks it in flight, so a half-submitted job is in the queue)
         cut_off = sorted(self._in_flight - set(queued) - reported) + queued
         for job_id in cut_off:
             self._done.append(TransferResult.failed(job_id, "lane forked: a parent's job"))

@@ -167,8 +167,10 @@ class RowRoute:
 
     def _after_fork(self) -> None:
         """In a forked child: a new lock (a parent's lane thread copying at the fork
-        held the old one, for good in the child)."""
+        held the old one, for good in the child), and the row buffers made again (that
+        thread may have been half-way through ``_grow``)."""
         self._lock = threading.Lock()
+        self._grow(len(self._buffers[0]))
 
     def _grow(self, rows: int) -> None:
         """Row buffers for jobs of up to ``rows`` rows (the route's struct points at them)."""

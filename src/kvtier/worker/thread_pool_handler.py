@@ -99,6 +99,7 @@ class PooledHandler(OffloadingHandler):
         (its tasks ran in the parent, in part or not at all)."""
         self._cv = threading.Condition()
         self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix=self._thread_name)
+        self._by_id = {job.job_id: job for job in self._jobs}  # ``_add`` may be half done
         for job in self._jobs:
             if not job.done:
                 job.errors.append("handler forked: a parent's job")
