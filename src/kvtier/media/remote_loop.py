@@ -156,7 +156,6 @@ class _Conn:
                 sent = self.sock.sendmsg(out[:_IOV_MAX])
             except BlockingIOError:
                 return
-            self.deadline = time.monotonic() + self.timeout_s
             while out and sent >= out[0].nbytes:
                 sent -= out.pop(0).nbytes
             if sent:
@@ -164,8 +163,10 @@ class _Conn:
 
     # -- receiving -------------------------------------------------------------------
 
-    def _recv(self) -> bool:
-        """One ``recv`` into the read buffer; False if the socket had nothing."""
+    def _recv(self, most: int = TAIL_BYTES) -> bool:
+        """One ``recv`` of at most ``most`` bytes into the read buffer; False if the
+        socket had nothing. A reply line is read ``TAIL_BYTES`` at a time: a larger
+        read would bring a value's payload into the buffer, to be copied again."""
         if self.drained:
             return False
         if self.start == self.end:
@@ -174,9 +175,9 @@ class _Conn:
             kept = self.end - self.start
             self.buf[:kept] = self.buf[self.start : self.end]
             self.start, self.end = 0, kept
-        room = len(self.buf) - self.end
+        room = min(most, len(self.buf) - self.end)
         try:
-            got = self.sock.recv_into(memoryview(self.buf)[self.end :])
+            got = self.sock.recv_into(memoryview(self.buf)[self.end : self.end + room])
         except BlockingIOError:
             self.drained = True
             return False
@@ -184,7 +185,6 @@ class _Conn:
             raise RedisConnectionError("the server closed the connection")
         self.drained = got < room
         self.end += got
-        self.deadline = time.monotonic() + self.timeout_s
         return True
 
     def line(self) -> bytes | None:
@@ -229,7 +229,6 @@ class _Conn:
             if not got:
                 raise RedisConnectionError("the server closed the connection mid-reply")
             self.drained = got < want
-            self.deadline = time.monotonic() + self.timeout_s
             while rest and got >= len(rest[0]):
                 got -= len(rest.pop(0))
             if rest:
@@ -241,7 +240,7 @@ class _Conn:
     def discard(self) -> bool:
         """Discard ``skip`` bytes of the stream; False until more bytes come."""
         while self.skip:
-            if self.start == self.end and not self._recv():
+            if self.start == self.end and not self._recv(len(self.buf)):
                 return False
             n = min(self.skip, self.end - self.start)
             self.start += n
@@ -427,11 +426,14 @@ class _Multiplexer:
             self.sel.close()
 
     def _select(self, timeout: float | None) -> None:
-        for key, events in self.sel.select(timeout):
+        ready = self.sel.select(timeout)
+        deadline = time.monotonic() + self.timeout_s  # an event is progress
+        for key, events in ready:
             conn = key.data
             if conn is None:
                 self.loop._drain_waker()
                 continue
+            conn.deadline = deadline
             try:
                 if events & selectors.EVENT_WRITE:
                     conn.flush()

@@ -59,6 +59,7 @@ class _Job:
 
     job_id: int
     result: TransferResult | None = None
+    waiters: int = 0  # threads in ``wait`` for it: only they are woken when it ends
 
 
 class CpuRemoteHandler(OffloadingHandler):
@@ -132,7 +133,8 @@ class CpuRemoteHandler(OffloadingHandler):
         with self._cv:
             if job.result is None:
                 job.result = result
-            self._cv.notify_all()
+            if job.waiters:
+                self._cv.notify_all()
 
     def get_finished(self) -> list[TransferResult]:
         """Jobs finished since the last call, in submission order; never blocks on I/O."""
@@ -148,8 +150,16 @@ class CpuRemoteHandler(OffloadingHandler):
     def wait(self, job_ids: Iterable[int]) -> None:
         """Block until the given jobs have finished (unknown or reported ids: no wait)."""
         with self._cv:
-            jobs = [self._by_id.get(j) for j in job_ids]
-            self._cv.wait_for(lambda: all(j is None or j.result is not None for j in jobs))
+            for job_id in job_ids:
+                job = self._by_id.get(job_id)
+                if job is None or job.result is not None:
+                    continue
+                job.waiters += 1
+                try:
+                    while job.result is None:
+                        self._cv.wait()
+                finally:
+                    job.waiters -= 1
 
     def shutdown(self) -> None:
         """Finish the queued jobs, then refuse new ones; ends the I/O thread. Idempotent."""
