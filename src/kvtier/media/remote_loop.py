@@ -586,8 +586,9 @@ class _Multiplexer:
         conn.close()
         if not conn.waiting:
             return  # an idle connection the server closed: not a failure of the store
-        self.store.breaker.record_failure(repr(error))
-        why = f"remote store failed: {error!r}"
+        why = f"{type(error).__name__}: {error}"  # redis-py's repr drops the message
+        self.store.breaker.record_failure(why)
+        why = f"remote store failed: {why}"
         while conn.waiting:
             value = conn.waiting.popleft()
             value.batch.error = value.batch.error or why
