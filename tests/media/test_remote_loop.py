@@ -281,11 +281,14 @@ def test_close_ends_the_thread_and_closes_its_sockets(
 class ScriptedRedis:
     """Serves ``SET``/``GET`` from a dict, one thread per connection; ``cut`` says
     which ``GET`` (counted from 0 over all connections) gets half its reply, then
-    the connection closed; ``hold`` names keys whose ``GET`` waits for ``release``."""
+    the connection closed, ``garble`` which gets a reply line that is no RESP;
+    ``hold`` names keys whose ``GET`` waits for ``release``."""
 
-    def __init__(self, cut: int | None = None, hold: Sequence[bytes] = ()) -> None:
+    def __init__(
+        self, cut: int | None = None, hold: Sequence[bytes] = (), garble: int | None = None
+    ) -> None:
         self.values: dict[bytes, bytes] = {}
-        self.cut, self.hold = cut, set(hold)
+        self.cut, self.hold, self.garble = cut, set(hold), garble
         self.release = threading.Event()
         self.gets = 0
         self._lock = threading.Lock()
@@ -318,6 +321,8 @@ class ScriptedRedis:
                         self.release.wait(30)
                     value = self.values.get(args[1])
                     reply = b"_\r\n" if value is None else b"$%d\r\n%s\r\n" % (len(value), value)
+                    if n == self.garble:
+                        reply = b"$12x\r\n"
                     if n == self.cut:
                         conn.sendall(reply[: len(reply) // 2])
                         return
@@ -343,11 +348,14 @@ def _read_command(stream: Any) -> list[bytes] | None:
     return args
 
 
-def test_a_connection_closed_mid_reply_fails_its_batch_and_the_next_reconnects(
-    clock: Clock, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("fault", "why"), [({"cut": 2}, "closed"), ({"garble": 1}, "unexpected reply to GET")]
+)
+def test_a_connection_closed_or_garbled_mid_reply_fails_its_batch_and_the_next_reconnects(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch, fault: dict[str, int], why: str
 ) -> None:
     small_windows(monkeypatch, 1)
-    fake = ScriptedRedis(cut=2)
+    fake = ScriptedRedis(**fault)
     store = open_store(fake.url, clock)
     loop = RemoteLoop(store, connections=2, name="test-loop")
     keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
@@ -355,14 +363,14 @@ def test_a_connection_closed_mid_reply_fails_its_batch_and_the_next_reconnects(
         run(loop, [(Op.STORE, keys, data)])
         outs = np.full((4, BLOCK), 0xAB, np.uint8)
         (result,) = run(loop, [(Op.LOAD, keys, list(outs))])
-        assert "closed" in (result.error or "")
+        assert why in (result.error or "")
         assert store.outages == 1 and not store.healthy
         for o, d, outcome in zip(outs, data, result.outcomes, strict=True):
             if outcome is ReadOutcome.HIT:
                 assert np.array_equal(o, d)
             else:
                 assert not o.any()
-        assert ReadOutcome.MISS in result.outcomes  # the value cut short, at least
+        assert ReadOutcome.MISS in result.outcomes  # the value cut short or garbled
         clock.now += 5.0
         (again,) = run(loop, [(Op.LOAD, keys, list(outs))])
         assert again.error is None and list(again.outcomes) == [ReadOutcome.HIT] * 4
@@ -389,3 +397,28 @@ def test_a_value_header_is_checked_against_its_own_key_and_model() -> None:
         loop.close()
         store.close()
         fake.close()
+
+
+def test_a_store_without_plain_sockets_is_served_by_blocking_calls(
+    server: RedisServer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster or TLS store: the same thread runs each batch through ``write_many``
+    and ``read_many_into``, with the same outcomes."""
+    monkeypatch.setattr(RemoteStore, "multiplexable", property(lambda self: False))
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
+    try:
+        assert run(loop, [(Op.STORE, keys, data)])[0].error is None
+        store.delete_many([keys[2]])
+        outs = np.full((5, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, [*keys, key(9)], list(outs))])
+        hit, miss = ReadOutcome.HIT, ReadOutcome.MISS
+        assert result.error is None and list(result.outcomes) == [hit, hit, miss, hit, miss]
+        assert np.array_equal(outs[3], data[3]) and not outs[2].any() and not outs[4].any()
+        server.kill()
+        (down,) = run(loop, [(Op.LOAD, keys, list(outs[:4]))])
+        assert "remote store failed" in (down.error or "") and not outs.any()
+    finally:
+        loop.close()
+        store.close()

@@ -443,6 +443,9 @@ class _Multiplexer:
                     self._read(conn)
             except _LOST as e:
                 self._lost(conn, e)
+            except Exception as e:  # a bug, or a reply nobody foresaw: never the thread
+                logger.exception("remote %s connection failed", self.loop._name)
+                self._lost(conn, e)
         with self.loop._lock:
             self.loop._sleeping = False
 
@@ -653,7 +656,10 @@ class _Multiplexer:
             conn.waiting.popleft()
             self._settle(value, reject(key, page, line.decode(errors="replace")))
         elif line.startswith((b"$", b"!")):
-            length = int(line[1:])
+            try:
+                length = int(line[1:])
+            except ValueError:
+                raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}") from None
             if line.startswith(b"$") and length == expected:
                 value.header, value.crlf = bytearray(expected - page.nbytes), bytearray(2)
                 payload = page.reshape(-1).data.cast("B")
