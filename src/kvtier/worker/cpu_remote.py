@@ -177,7 +177,8 @@ class CpuRemoteOffloadingHandlers:
         remote_store: the store (its owner closes it); give it at least
             ``2 * io_threads + 1`` connections (``RemoteOptions.max_connections``: one
             left for its own commands, EXISTS, DEL, PING).
-        io_threads: jobs in flight per direction (``remote_io_threads``).
+        io_threads: connections per direction (``remote_io_threads``), multiplexed
+            by that direction's one I/O thread.
     """
 
     def __init__(self, cpu_pages: torch.Tensor, remote_store: RemoteStore, io_threads: int = 2):
