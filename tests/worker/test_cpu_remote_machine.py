@@ -20,7 +20,13 @@ import pytest
 import torch
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.load_store_specs import CPULoadStoreSpec, RemoteLoadStoreSpec
@@ -127,19 +133,23 @@ class RemoteHandlers(RuleBasedStateMachine):
                 else:
                     assert got == bytes(BLOCK)
 
-    @rule(k=st.integers(0, KEYS - 1), how=st.sampled_from(["flip", "short", "delete"]))
-    def spoil(self, k: int, how: str) -> None:
+    @precondition(lambda self: bool(self.model))
+    @rule(pick=st.integers(0, KEYS - 1), how=st.sampled_from(["flip", "short", "delete"]))
+    def spoil(self, pick: int, how: str) -> None:
+        """Spoil a value the model holds (behind the handlers' back), then load it."""
+        k = sorted(self.model)[pick % len(self.model)]
         name = self.store.redis_key(key(k))
         with self.server.client() as c:
             if how == "flip":
                 value = c.get(name)
-                if value is not None:
-                    c.setrange(name, len(value) - 1, bytes([value[-1] ^ 1]))
+                assert value is not None
+                c.setrange(name, len(value) - 1 - pick, bytes([value[-1 - pick] ^ 1]))
             elif how == "short":
                 c.set(name, b"x" * 100)
             else:
                 c.delete(name)
-        self.model.pop(k, None)
+        del self.model[k]
+        self.load([[k, *sorted(self.model)[:3]]])
 
     @invariant()
     def healthy(self) -> None:
