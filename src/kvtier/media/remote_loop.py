@@ -9,6 +9,8 @@ loads, ``STORE_WINDOW_BYTES`` for stores), and calls the batch's ``on_done`` wit
 ``BatchResult`` once each of its values is answered or lost. One thread and a
 ``selectors`` loop instead of a thread per connection: no GIL handovers or futex
 wake-ups between I/O threads (``docs/remote.md``, the seventh pass).
+The bytes of each connection (sending, reading lines and values) are
+``remote_conn.LoopConnection``'s; this module decides what goes where.
 
 Each value keeps every check of the blocking path (``remote_values``): a load reads
 its reply straight into the caller's page and verifies it there (header, format
@@ -37,7 +39,6 @@ import collections
 import contextlib
 import enum
 import logging
-import os
 import selectors
 import socket
 import threading
@@ -53,6 +54,7 @@ from kvtier.errors import TransferError
 from kvtier.media.forks import renew_after_fork
 from kvtier.media.redis_client import BlockValue
 from kvtier.media.remote import RemoteStore
+from kvtier.media.remote_conn import LoopConnection as _Conn
 from kvtier.media.remote_values import (
     ReadOutcome,
     get_window,
@@ -65,11 +67,6 @@ logger = logging.getLogger("kvtier.media.remote")
 
 STORE_WINDOW_BYTES = 1 << 20
 """Value bytes of ``SET`` a connection keeps outstanding (at least one value)."""
-READ_BUFFER_BYTES = 1 << 16
-"""Each connection's read buffer (reply lines, headers; payloads skip it)."""
-TAIL_BYTES = 4096
-"""Bytes read past a value's views into the read buffer in the same call."""
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 _GET = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n"
 _LOST = (OSError, RedisConnectionError)
 
@@ -121,134 +118,6 @@ class _Value:
     header: bytearray | None = None  # a load's header, read from its reply
     crlf: bytearray | None = None  # and the CRLF that ends it
     outcome: ReadOutcome = ReadOutcome.MISS
-
-
-class _Conn:
-    """One non-blocking connection: what it has to send, the values it waits for, and
-    where the reply being read goes."""
-
-    def __init__(self, link: Any, timeout_s: float, release: Callable[[], None]) -> None:
-        self.link = link  # a redis-py connection, ours until closed
-        self.release = release
-        self.sock: socket.socket = link._sock
-        self.sock.setblocking(False)
-        self.timeout_s = timeout_s
-        self.out: list[memoryview] = []
-        self.waiting: collections.deque[_Value] = collections.deque()
-        self.buf = bytearray(READ_BUFFER_BYTES)
-        self.start = self.end = 0
-        self.rest: list[memoryview] = []  # the reply's views still to fill
-        self.skip = 0  # reply bytes to discard
-        self.deadline = 0.0
-        self.drained = False  # the socket had no more bytes in this turn
-
-    # -- sending ---------------------------------------------------------------------
-
-    def send(self, buffers: list[Any]) -> None:
-        self.out += [memoryview(b).cast("B") for b in buffers]
-        self.flush()
-
-    def flush(self) -> None:
-        """Send what the socket takes now."""
-        out = self.out
-        while out:
-            try:
-                sent = self.sock.sendmsg(out[:_IOV_MAX])
-            except BlockingIOError:
-                return
-            while out and sent >= out[0].nbytes:
-                sent -= out.pop(0).nbytes
-            if sent:
-                out[0] = out[0][sent:]
-
-    # -- receiving -------------------------------------------------------------------
-
-    def _recv(self, most: int = TAIL_BYTES) -> bool:
-        """One ``recv`` of at most ``most`` bytes into the read buffer; False if the
-        socket had nothing. A reply line is read ``TAIL_BYTES`` at a time: a larger
-        read would bring a value's payload into the buffer, to be copied again."""
-        if self.drained:
-            return False
-        if self.start == self.end:
-            self.start = self.end = 0
-        elif self.end == len(self.buf):
-            kept = self.end - self.start
-            self.buf[:kept] = self.buf[self.start : self.end]
-            self.start, self.end = 0, kept
-        room = min(most, len(self.buf) - self.end)
-        try:
-            got = self.sock.recv_into(memoryview(self.buf)[self.end : self.end + room])
-        except BlockingIOError:
-            self.drained = True
-            return False
-        if not got:
-            raise RedisConnectionError("the server closed the connection")
-        self.drained = got < room
-        self.end += got
-        return True
-
-    def line(self) -> bytes | None:
-        """The next reply line without its CRLF, or None until more bytes come."""
-        while True:
-            i = self.buf.find(b"\r\n", self.start, self.end)
-            if i >= 0:
-                out = bytes(self.buf[self.start : i])
-                self.start = i + 2
-                return out
-            if self.start == 0 and self.end == len(self.buf):
-                raise RedisConnectionError("a reply line longer than the read buffer")
-            if not self._recv():
-                return None
-
-    def fill(self) -> bool:
-        """Fill ``rest`` from the stream; False until more bytes come. What is buffered
-        is copied; the rest is read straight into the views, and up to ``TAIL_BYTES``
-        past them into the (then empty) read buffer in the same call."""
-        rest = self.rest
-        while rest and self.end > self.start:
-            n = min(len(rest[0]), self.end - self.start)
-            rest[0][:n] = memoryview(self.buf)[self.start : self.start + n]
-            self.start += n
-            if n == len(rest[0]):
-                rest.pop(0)
-            else:
-                rest[0] = rest[0][n:]
-        if not rest:
-            return True
-        self.start = self.end = 0
-        tail = memoryview(self.buf)[:TAIL_BYTES]
-        while rest:
-            if self.drained:
-                return False
-            want = sum(len(v) for v in rest) + TAIL_BYTES
-            try:
-                got = self.sock.recvmsg_into([*rest, tail])[0]
-            except BlockingIOError:
-                self.drained = True
-                return False
-            if not got:
-                raise RedisConnectionError("the server closed the connection mid-reply")
-            self.drained = got < want
-            while rest and got >= len(rest[0]):
-                got -= len(rest.pop(0))
-            if rest:
-                rest[0] = rest[0][got:]
-            else:
-                self.end = got  # what came after the views went into the read buffer
-        return True
-
-    def discard(self) -> bool:
-        """Discard ``skip`` bytes of the stream; False until more bytes come."""
-        while self.skip:
-            if self.start == self.end and not self._recv(len(self.buf)):
-                return False
-            n = min(self.skip, self.end - self.start)
-            self.start += n
-            self.skip -= n
-        return True
-
-    def close(self) -> None:
-        self.release()
 
 
 class RemoteLoop:
