@@ -275,6 +275,42 @@ def test_close_ends_the_thread_and_closes_its_sockets(
         store.close()
 
 
+def test_connections_the_server_closed_while_idle_are_replaced_without_a_failure(
+    server: RedisServer,
+    clock: Clock,
+    conns: Callable[[int | None], list[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server drops idle clients (its ``timeout``, a restart of a proxy, ``CLIENT
+    KILL``): the next batch goes out on new connections, and nothing counts as an
+    outage. Whether the loop saw the close before the batch came (its ``select``) or
+    only when it hands the batch out (an idle connection must not be readable), the
+    batch succeeds."""
+    made = conns(None)
+    small_windows(monkeypatch, 1)
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(6)], [payload(i) for i in range(6)]
+    try:
+        assert run(loop, [(Op.STORE, keys, data)])[0].error is None
+        with server.client() as c:
+            me = c.client_id()
+            theirs = [int(x["id"]) for x in c.client_list() if int(x["id"]) != me]
+            assert len(theirs) == len(made) == 2
+            for i in theirs:
+                c.client_kill_filter(_id=i)
+            while any(int(x["id"]) != me for x in c.client_list()):
+                pass  # until the server has closed them
+        outs = np.full((6, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert result.error is None and list(result.outcomes) == [ReadOutcome.HIT] * 6
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        assert store.outages == 0 and store.healthy and len(made) == 4
+    finally:
+        loop.close()
+        store.close()
+
+
 # -- a scripted server: replies cut short -----------------------------------------------
 
 
@@ -422,3 +458,16 @@ def test_a_store_without_plain_sockets_is_served_by_blocking_calls(
     finally:
         loop.close()
         store.close()
+
+
+def test_an_idle_connection_is_readable_only_when_closed_or_out_of_step() -> None:
+    """The check before an idle connection takes new requests (the loop may not have
+    seen a close yet when a job comes in the same instant)."""
+    a, b = socket.socketpair()
+    with a, b:
+        assert not remote_loop._readable(a)
+        b.sendall(b"+OK\r\n")  # a reply nobody asked for
+        assert remote_loop._readable(a)
+        a.recv(16)
+        b.close()
+        assert remote_loop._readable(a)

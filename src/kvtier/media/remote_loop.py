@@ -39,6 +39,7 @@ import collections
 import contextlib
 import enum
 import logging
+import select
 import selectors
 import socket
 import threading
@@ -252,6 +253,14 @@ def _run_blocking(store: RemoteStore, batch: _Batch) -> None:
     batch.on_done(BatchResult(error, outcomes, time.perf_counter() - start))
 
 
+def _readable(sock: Any) -> bool:
+    """Whether an idle connection has something to read now: the server closed it,
+    or it holds bytes nobody asked for. Either way it must not carry a new request."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 class _Multiplexer:
     """The loop's thread over plain sockets (one instance per thread run)."""
 
@@ -392,7 +401,12 @@ class _Multiplexer:
         if not queue:
             return
         for slot in range(len(self.conns)):
-            conn = self.conns[slot] or self._open(slot)
+            conn = self.conns[slot]
+            if conn is not None and not conn.waiting and _readable(conn.sock):
+                # closed by the server while idle (or out of step): not a failure
+                self._lost(conn, RedisConnectionError("closed while idle"))
+                conn = None
+            conn = conn or self._open(slot)
             if conn is None:
                 return
             buffers: list[Any] = []
