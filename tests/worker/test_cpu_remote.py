@@ -12,11 +12,14 @@ import torch
 
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
+from kvtier.media import remote_values
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker
 from kvtier.media.remote import RemoteOptions, RemoteStore
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 
+from ..media.test_remote import run_in_forked_child
+from ..media.test_remote_loop import ScriptedRedis
 from ..redis_server import RedisServer
 
 FP = b"\x66" * 32
@@ -216,3 +219,70 @@ def test_bad_pages_are_refused(server: RedisServer) -> None:
         assert np.asarray(store.exists_many([key(1)])).tolist() == [False]
     finally:
         store.close()
+
+
+@pytest.fixture
+def held() -> Iterator[tuple[ScriptedRedis, CpuRemoteOffloadingHandlers]]:
+    """Handlers over a scripted server whose ``GET`` of key 0 waits for its release;
+    one value outstanding per connection, so jobs 1 and 2 (keys 0 and 1) go out on
+    connections of their own."""
+    fake = ScriptedRedis()
+    options = RemoteOptions(url=fake.url, timeout_s=30.0)
+    store = RemoteStore.open(FP, options, environ={})
+    fake.hold = {store.redis_key(key(0))}
+    gen = torch.Generator().manual_seed(0)
+    pages = torch.randint(0, 256, (NUM, BLOCK), dtype=torch.uint8, generator=gen)
+    h = CpuRemoteOffloadingHandlers(pages, store, io_threads=2)
+    h.pages = pages  # type: ignore[attr-defined]
+    assert run(h.cpu_to_remote_handler, {1: store_spec([0, 1, 2], [0, 1, 2])})[1].success
+    try:
+        yield fake, h
+    finally:
+        fake.release.set()
+        h.shutdown()
+        store.close()
+        fake.close()
+
+
+def test_a_job_that_ends_first_is_reported_after_the_jobs_before_it(
+    held: tuple[ScriptedRedis, CpuRemoteOffloadingHandlers], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote_values, "WINDOW_BYTES", 1)
+    fake, handlers = held
+    h = handlers.remote_to_cpu_handler
+    h.transfer_async(1, load_spec([0], [5]))  # held by the server
+    h.transfer_async(2, load_spec([1], [6]))
+    h.wait([2])
+    assert h.get_finished() == []  # job 2 is done, but job 1 was submitted first
+    fake.release.set()
+    h.wait([1])
+    results = h.get_finished()
+    assert [(r.job_id, r.success) for r in results] == [(1, True), (2, True)]
+    pages: torch.Tensor = handlers.pages  # type: ignore[attr-defined]
+    assert torch.equal(pages[5], pages[0]) and torch.equal(pages[6], pages[1])
+
+
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: threads
+def test_a_child_forked_with_a_job_in_flight_fails_that_job_and_loads_on(
+    held: tuple[ScriptedRedis, CpuRemoteOffloadingHandlers], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's I/O is the parent's I/O thread's, which the child does not have: in
+    the child it is reported failed at once, and the child's next jobs start a thread
+    and connections of their own. In the parent the job ends as if nothing happened."""
+    monkeypatch.setattr(remote_values, "WINDOW_BYTES", 1)
+    fake, handlers = held
+    h = handlers.remote_to_cpu_handler
+    pages: torch.Tensor = handlers.pages  # type: ignore[attr-defined]
+    h.transfer_async(1, load_spec([0], [5]))  # held by the server
+
+    def child() -> bool:
+        h.wait([1])
+        (lost,) = h.get_finished()
+        ok = not lost.success and "fork" in (lost.error or "")
+        got = run(h, {2: load_spec([2], [7])})[2]
+        return ok and got.success and torch.equal(pages[7], pages[2])
+
+    run_in_forked_child(child, fake.release.set)
+    h.wait([1])
+    (result,) = h.get_finished()
+    assert result.success and torch.equal(pages[5], pages[0])

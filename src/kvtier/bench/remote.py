@@ -2,8 +2,9 @@
 
 For each value size, ``--total`` bytes of distinct values (``values = total / size``
 keys and CPU pages, at least ``--io-threads x --job-blocks``) are stored through the
-CPU->remote handler (``--io-threads`` jobs in flight, each one pipelined batch of
-``--job-blocks`` values) and loaded back through the remote->CPU handler. In the same
+CPU->remote handler (jobs of ``--job-blocks`` values, every job of a pass submitted at
+once; the handler's I/O thread pipelines them over ``--io-threads`` connections) and
+loaded back through the remote->CPU handler. In the same
 run, against the same server, ``redis-benchmark -t set|get -d <size> -P <job-blocks>
 -c <io-threads> -r <values>`` moves values of the same size over as many keys, with
 the same pipeline depth and the same number of connections. ``--io-threads``
@@ -126,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--io-threads",
         type=options.positive,
         default=DEFAULT_IO_THREADS,
-        help="jobs (connections) in flight per direction (default: remote_io_threads' default)",
+        help="connections per direction (default: remote_io_threads' default)",
     )
     parser.add_argument(
         "--job-blocks", type=options.positive, default=8, help="values per job (pipeline depth)"

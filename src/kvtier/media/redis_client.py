@@ -179,6 +179,16 @@ class Connections:
             conn.disconnect()  # closed by the server, or bytes nobody asked for
             self._pool.release(conn)
 
+    def lend(self) -> Any:
+        """A connected connection for as long as the caller wants it (``give_back``
+        ends the loan); it is never kept idle here."""
+        return self._take()
+
+    def give_back(self, conn: Any) -> None:
+        """End a ``lend``: the connection (disconnected first) goes back to the pool."""
+        conn.disconnect()
+        self._pool.release(conn)
+
     def close(self) -> None:
         """Close the client and every connection (a later ``owned`` reconnects)."""
         with self._lock:

@@ -154,6 +154,40 @@ class RemoteStore:
             raise TransferError(f"a block key is 1..255 bytes, got {len(key)}")
         return self._prefix + key.hex().encode()
 
+    def header(self, key: bytes, payload: BytesLike) -> bytes:
+        """The header stored before ``payload`` under block ``key``."""
+        return block_format.encode_header(key, self.fingerprint, payload)
+
+    def header_size(self, key_length: int) -> int:
+        """Bytes of the header of a block whose key has ``key_length`` bytes."""
+        return block_format.header_size(key_length, len(self.fingerprint))
+
+    # -- connections for an event loop (``remote_loop``) -----------------------------
+
+    @property
+    def multiplexable(self) -> bool:
+        """Whether ``lend_connection`` gives plain sockets (a single node over TCP or a
+        Unix socket: not a cluster, not TLS)."""
+        return not self.options.cluster and not self.options.url.startswith("rediss://")
+
+    def lend_connection(self) -> tuple[Any, Callable[[], None]]:
+        """A connected redis-py connection of the store's pool (authenticated, its
+        database selected), the caller's until it calls the function returned with it,
+        which closes it and gives its place in the pool back. The caller may make its
+        socket non-blocking. Needs ``multiplexable``.
+
+        Raises:
+            TransferError: no connection could be made (the breaker records it).
+        """
+        assert self.multiplexable
+        try:
+            link = self._connect()
+            conn = link.lend()
+        except _STORE_ERRORS as e:
+            self.breaker.record_failure(repr(e))
+            raise TransferError(f"remote store failed: {e!r}") from e
+        return conn, partial(link.give_back, conn)
+
     # -- batches ---------------------------------------------------------------------
 
     def write_many(self, keys: Sequence[bytes], payloads: Sequence[np.ndarray | BytesLike]) -> None:

@@ -211,20 +211,26 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
         dest[:] = 0
         return ReadOutcome.MISS
     if line.startswith(b"-"):  # an error reply: a foreign value (WRONGTYPE, ...)
-        return _reject(key, dest, line.decode(errors="replace"))
+        return reject(key, dest, line.decode(errors="replace"))
     if line.startswith(b"!"):  # a RESP3 blob error
         reader.skip(int(line[1:]) + 2)
-        return _reject(key, dest, "error reply")
+        return reject(key, dest, "error reply")
     if not line.startswith(b"$"):
         raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}")
     length = int(line[1:])
     if length != size + dest.nbytes:
         reader.skip(length + 2)
-        return _reject(key, dest, f"value of {length} bytes, expected {size + dest.nbytes}")
+        return reject(key, dest, f"value of {length} bytes, expected {size + dest.nbytes}")
     header, crlf = bytearray(size), bytearray(2)
     reader.read_into(memoryview(header), dest.data, memoryview(crlf))
     if crlf != b"\r\n":
         raise RedisConnectionError("a bulk reply not ended by CRLF")
+    return verified(header, key, fingerprint, dest)
+
+
+def verified(header: bytearray, key: bytes, fingerprint: bytes, dest: np.ndarray) -> ReadOutcome:
+    """Whether ``header`` and the payload read into ``dest`` are a block of ``key`` for
+    model ``fingerprint``: ``HIT``, or ``CORRUPT`` with ``dest`` zeroed."""
     # The header kvtier writes for these payload bytes under this key and model: a
     # stored header equal to it byte for byte is verified (magic, version, lengths,
     # key, fingerprint, payload checksum and its own checksum all match) without
@@ -234,7 +240,7 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
     try:
         block_format.verify(header, dest.data, key=key, fingerprint=fingerprint)
     except IntegrityError as e:
-        return _reject(key, dest, str(e))
+        return reject(key, dest, str(e))
     return ReadOutcome.HIT
 
 
@@ -244,7 +250,7 @@ def accept(fingerprint: bytes, key: bytes, value: Any, dest: np.ndarray) -> Read
         dest[:] = 0
         return ReadOutcome.MISS
     if isinstance(value, Exception):  # an error reply: a foreign value (WRONGTYPE, ...)
-        return _reject(key, dest, str(value))
+        return reject(key, dest, str(value))
     view = memoryview(value)
     size = block_format.header_size(len(key), len(fingerprint))
     try:
@@ -255,12 +261,13 @@ def accept(fingerprint: bytes, key: bytes, value: Any, dest: np.ndarray) -> Read
                 f"value holds {h.payload_length} bytes, the buffer takes {dest.nbytes}",
             )
     except IntegrityError as e:
-        return _reject(key, dest, str(e))
+        return reject(key, dest, str(e))
     dest[:] = np.frombuffer(view, dtype=np.uint8, offset=size)
     return ReadOutcome.HIT
 
 
-def _reject(key: bytes, dest: np.ndarray, why: str) -> ReadOutcome:
+def reject(key: bytes, dest: np.ndarray, why: str) -> ReadOutcome:
+    """Log why a value failed verification, zero its page: ``CORRUPT``."""
     logger.warning("remote block %s failed verification: %s", key.hex()[:16], why)
     dest[:] = 0
     return ReadOutcome.CORRUPT

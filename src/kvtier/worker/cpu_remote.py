@@ -1,40 +1,45 @@
-"""CPU <-> remote offloading: one handler each way over a ``RemoteStore`` and a thread pool.
+"""CPU <-> remote offloading: one handler each way over a ``RemoteStore``, each with one
+I/O thread (``RemoteLoop``) multiplexing ``io_threads`` connections.
 
 Runs in the worker process. ``transfer_async`` validates the spec in the caller's
-thread and hands the whole job to the direction's thread pool as one task: one
-pipelined batch (``RemoteStore.write_many`` / ``read_many_into``) per ``batch_bytes``
-on one connection. ``io_threads`` jobs are in flight per direction, each on its own
-connection. ``get_finished`` reports jobs in submission order even when the pool
-finishes them out of order, each with per-job success and, on failure, why. Nothing a
-job does raises out of the handler: a dead or slow Redis, a miss and a corrupt value
-all become a failed job, and the scheduler recomputes.
+thread and queues the job's values on the direction's loop, which pipelines them over
+its non-blocking connections (a few requests outstanding on each) and never blocks the
+caller. ``get_finished`` reports jobs in submission order, each with per-job success
+and, on failure, why. Nothing a job does raises out of the handler: a dead or slow
+Redis, a miss and a corrupt value all become a failed job, and the scheduler
+recomputes.
 
-Loads and stores have separate pools, so background write-through never queues a load
+Loads and stores have separate loops, so background write-through never queues a load
 (which a request waits for) behind it.
 
-After a failed load, the destination CPU pages of the blocks that failed are zeroed
-(the others of the job hold good bytes); the scheduler drops the whole job's blocks.
-The ``block_ids`` of a ``RemoteLoadStoreSpec`` (slots of the scheduler's index) are not
-used here: a remote value is named by its key alone, and the server's own LRU, not
-the handler, removes values (see ``docs/remote.md``).
+After a failed load, the destination CPU pages of the blocks that were not verified
+hits are zeroed (the others of the job hold good bytes); the scheduler drops the whole
+job's blocks. The ``block_ids`` of a ``RemoteLoadStoreSpec`` (slots of the scheduler's
+index) are not used here: a remote value is named by its key alone, and the server's
+own LRU, not the handler, removes values (see ``docs/remote.md``).
 """
 
 from __future__ import annotations
 
-import functools
+import collections
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kvtier.blocks import Medium
-from kvtier.errors import KvtierError, TransferError
+from kvtier.errors import KvtierError
 from kvtier.load_store_specs import RemoteLoadStoreSpec
+from kvtier.media.forks import renew_after_fork
 from kvtier.media.remote import ReadOutcome, RemoteStore
-from kvtier.worker.handler import TransferSpec
-from kvtier.worker.thread_pool_handler import PooledHandler, Task, host_pages, split_spec
+from kvtier.media.remote_loop import BatchResult, Op, RemoteLoop
+from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
+from kvtier.worker.thread_pool_handler import host_pages, split_spec
 
 
-def _describe_misses(keys: list[bytes], outcomes: list[ReadOutcome]) -> str:
+def _describe_misses(keys: list[bytes], outcomes: tuple[ReadOutcome, ...]) -> str:
     missed = [k for k, o in zip(keys, outcomes, strict=True) if o is ReadOutcome.MISS]
     corrupt = [k for k, o in zip(keys, outcomes, strict=True) if o is ReadOutcome.CORRUPT]
     parts = []
@@ -48,53 +53,119 @@ def _describe_misses(keys: list[bytes], outcomes: list[ReadOutcome]) -> str:
     )
 
 
-class CpuRemoteHandler(PooledHandler):
+@dataclass(slots=True)
+class _Job:
+    """A job in flight (its result set once, under the handler's condition)."""
+
+    job_id: int
+    result: TransferResult | None = None
+    waiters: int = 0  # threads in ``wait`` for it: only they are woken when it ends
+
+
+class CpuRemoteHandler(OffloadingHandler):
     """CPU->remote (stores) or remote->CPU (loads), finished in submission order.
 
     See ``OffloadingHandler`` for the contract. Build both with
-    ``CpuRemoteOffloadingHandlers``. One task per job: a pipelined batch.
+    ``CpuRemoteOffloadingHandlers``. In a forked child the jobs in flight at the fork
+    are reported failed (their I/O stayed with the parent's thread).
     """
 
     def __init__(
         self, *, cpu_to_remote: bool, pages: np.ndarray, store: RemoteStore, io_threads: int
     ) -> None:
         media = (Medium.CPU, Medium.REMOTE) if cpu_to_remote else (Medium.REMOTE, Medium.CPU)
-        super().__init__(
-            src_medium=media[0],
-            dst_medium=media[1],
-            io_threads=io_threads,
-            thread_name=f"kvtier-remote-{'store' if cpu_to_remote else 'load'}",
-        )
+        self.src_medium, self.dst_medium = media
         self.cpu_to_remote = cpu_to_remote
         self._pages = pages
         self._store = store
+        verb = "store" if cpu_to_remote else "load"
+        self._verb = verb
+        self._loop = RemoteLoop(store, connections=io_threads, name=f"kvtier-remote-{verb}")
+        self._cv = threading.Condition()
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._by_id: dict[int, _Job] = {}
+        self._shut = False
+        renew_after_fork(self)
 
-    def _plan(self, spec: TransferSpec) -> list[Task]:
-        rows, remote = split_spec(
-            spec, self.cpu_to_remote, RemoteLoadStoreSpec, self._pages.shape[0]
-        )
-        keys = [bytes(k) for k in remote.block_hashes]
-        for k in keys:
-            self._store.redis_key(k)  # checks the key's length
-        verb = "store" if self.cpu_to_remote else "load"
-        return [(f"remote {verb}", functools.partial(self._batch, keys, rows))]
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh condition; the jobs in flight fail."""
+        self._cv = threading.Condition()
+        for job in self._jobs:
+            if job.result is None:
+                job.result = TransferResult.failed(
+                    job.job_id, "in flight at a fork: its I/O stayed with the parent process"
+                )
 
-    def _batch(self, keys: list[bytes], rows: list[int]) -> int:
-        pages = [self._pages[r] for r in rows]
-        if self.cpu_to_remote:
-            self._store.write_many(keys, pages)
+    def transfer_async(self, job_id: int, spec: TransferSpec) -> bool:
+        """Validate and queue; a refused job (False) is reported failed, in order."""
+        job = _Job(job_id)
+        try:
+            rows, remote = split_spec(
+                spec, self.cpu_to_remote, RemoteLoadStoreSpec, self._pages.shape[0]
+            )
+            keys = [bytes(k) for k in remote.block_hashes]
+            for k in keys:
+                self._store.redis_key(k)  # checks the key's length
+        except (KvtierError, TypeError, ValueError, AttributeError) as exc:
+            job.result = TransferResult.failed(job_id, f"invalid transfer spec: {exc}")
+        with self._cv:
+            if job.result is None and self._shut:
+                job.result = TransferResult.failed(job_id, "handler is shut down")
+            self._jobs.append(job)
+            self._by_id[job_id] = job
+            if job.result is not None:
+                return False
+            nbytes = len(rows) * int(self._pages.shape[1])
+            op = Op.STORE if self.cpu_to_remote else Op.LOAD
+            pages = [self._pages[r] for r in rows]
+            self._loop.submit(op, keys, pages, lambda r: self._done(job, keys, nbytes, r))
+        return True
+
+    def _done(self, job: _Job, keys: list[bytes], nbytes: int, r: BatchResult) -> None:
+        """The loop's report of a job (in the loop's thread)."""
+        error = None if r.error is None else f"remote {self._verb}: {r.error}"
+        if error is None and any(o is not ReadOutcome.HIT for o in r.outcomes):
+            error = f"remote {self._verb}: " + _describe_misses(keys, r.outcomes)
+        if error is None:
+            result = TransferResult(job.job_id, True, nbytes, r.seconds)
         else:
-            try:
-                outcomes = self._store.read_many_into(keys, pages)
-            except KvtierError:
-                raise
-            except Exception:
-                for page in pages:  # no plausible wrong bytes left behind
-                    page[:] = 0
-                raise
-            if any(o is not ReadOutcome.HIT for o in outcomes):
-                raise TransferError(_describe_misses(keys, outcomes))
-        return len(rows) * int(self._pages.shape[1])
+            result = TransferResult(job.job_id, False, 0, r.seconds, error)
+        with self._cv:
+            if job.result is None:
+                job.result = result
+            if job.waiters:
+                self._cv.notify_all()
+
+    def get_finished(self) -> list[TransferResult]:
+        """Jobs finished since the last call, in submission order; never blocks on I/O."""
+        out = []
+        with self._cv:
+            while self._jobs and self._jobs[0].result is not None:
+                job = self._jobs.popleft()
+                del self._by_id[job.job_id]
+                assert job.result is not None
+                out.append(job.result)
+        return out
+
+    def wait(self, job_ids: Iterable[int]) -> None:
+        """Block until the given jobs have finished (unknown or reported ids: no wait)."""
+        with self._cv:
+            for job_id in job_ids:
+                job = self._by_id.get(job_id)
+                if job is None or job.result is not None:
+                    continue
+                job.waiters += 1
+                try:
+                    while job.result is None:
+                        self._cv.wait()
+                finally:
+                    job.waiters -= 1
+
+    def shutdown(self) -> None:
+        """Finish the queued jobs, then refuse new ones; ends the I/O thread. Idempotent."""
+        with self._cv:
+            self._shut = True
+        self._loop.close()
 
 
 class CpuRemoteOffloadingHandlers:
@@ -106,7 +177,8 @@ class CpuRemoteOffloadingHandlers:
         remote_store: the store (its owner closes it); give it at least
             ``2 * io_threads + 1`` connections (``RemoteOptions.max_connections``: one
             left for its own commands, EXISTS, DEL, PING).
-        io_threads: jobs in flight per direction (``remote_io_threads``).
+        io_threads: connections per direction (``remote_io_threads``), multiplexed
+            by that direction's one I/O thread.
     """
 
     def __init__(self, cpu_pages: torch.Tensor, remote_store: RemoteStore, io_threads: int = 2):

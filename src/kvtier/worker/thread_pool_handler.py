@@ -1,9 +1,10 @@
 """``PooledHandler``: a handler whose jobs run as tasks on a thread pool, reported in order.
 
-Runs in the worker process. The disk and remote handlers share it: ``transfer_async``
-validates a spec in the caller's thread (``_plan``) and submits the job's tasks (one per
-block for the disk, one per batch for Redis) to the direction's pool, so several reads or
-writes are in flight (the system calls and sockets release the GIL). A job finishes when
+Runs in the worker process. The disk handlers use it (the remote ones have one I/O
+thread each, ``media.remote_loop``; they share ``host_pages`` and ``split_spec`` from
+here): ``transfer_async`` validates a spec in the caller's thread (``_plan``) and
+submits the job's tasks (one per block) to the direction's pool, so several reads or
+writes are in flight (the system calls release the GIL). A job finishes when
 all its tasks have; ``get_finished`` reports jobs in submission order even when the pool
 finishes them out of order, each with success, bytes and time, and on failure what
 failed and why. Nothing a job does raises out of the handler. In a forked child the

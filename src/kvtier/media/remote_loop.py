@@ -1,0 +1,557 @@
+"""``RemoteLoop``: one I/O thread that moves batches of block values over several
+non-blocking connections to one Redis.
+
+Runs on the worker side; imports no torch. ``submit`` hands a batch (the values of one
+job: store or load) to the loop's thread and returns at once; the thread spreads the
+values of every batch, in submission order, over ``connections`` non-blocking
+sockets, a window of requests outstanding on each (``remote_values.get_window`` for
+loads, ``STORE_WINDOW_BYTES`` for stores), and calls the batch's ``on_done`` with a
+``BatchResult`` once each of its values is answered or lost. One thread and a
+``selectors`` loop instead of a thread per connection: no GIL handovers or futex
+wake-ups between I/O threads (``docs/remote.md``, the seventh pass).
+The bytes of each connection (sending, reading lines and values) are
+``remote_conn.LoopConnection``'s; this module decides what goes where.
+
+Each value keeps every check of the blocking path (``remote_values``): a load reads
+its reply straight into the caller's page and verifies it there (header, format
+version, XXH3-64); a value that is not a verified block of its key (wrong length,
+checksum, header, a foreign type) is zeroed and ``CORRUPT`` and is deleted after its
+batch; a miss is zeroed. A batch whose connection failed (an error, the server
+closing it, or no progress for ``timeout_s``) fails as a whole and records the failure
+in the store's ``CircuitBreaker``; the values of the batch still in flight on other
+connections are first read to the end (the loop never writes into a page after its
+batch was reported), and every page of a failed load that is not a verified hit is
+zeroed. A batch is started only if the breaker allows it (else it fails at once,
+"unhealthy"), and a batch that succeeded records a success.
+
+A cluster or TLS store (whose sockets are not plain) is served by the same thread
+through the store's blocking calls (``write_many`` / ``read_many_into``), one batch at
+a time.
+
+In a forked child the loop starts afresh (``_after_fork``): no thread (started again
+on the next ``submit``), no connections (their sockets are the parent's), no batches
+(their owners fail them; see ``CpuRemoteHandler``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import enum
+import logging
+import select
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from kvtier.errors import TransferError
+from kvtier.media.forks import renew_after_fork
+from kvtier.media.redis_client import BlockValue
+from kvtier.media.remote import RemoteStore
+from kvtier.media.remote_conn import LoopConnection as _Conn
+from kvtier.media.remote_values import (
+    ReadOutcome,
+    get_window,
+    reject,
+    set_commands,
+    verified,
+)
+
+logger = logging.getLogger("kvtier.media.remote")
+
+STORE_WINDOW_BYTES = 1 << 20
+"""Value bytes of ``SET`` a connection keeps outstanding (at least one value)."""
+_GET = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n"
+_LOST = (OSError, RedisConnectionError)
+
+
+class Op(str, enum.Enum):
+    STORE = "store"
+    LOAD = "load"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """How one batch ended.
+
+    Attributes:
+        error: why the batch failed as a whole (unhealthy store, a lost connection,
+            values refused by the server); ``None`` if every value was answered.
+        outcomes: a load's outcome per value (all ``MISS`` when ``error`` is set and
+            the value was never verified); empty for a store.
+        seconds: from the batch's start in the loop to its end.
+    """
+
+    error: str | None
+    outcomes: tuple[ReadOutcome, ...]
+    seconds: float
+
+
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """A batch in the loop (mutable; touched by the loop's thread only)."""
+
+    op: Op
+    keys: list[bytes]
+    names: list[bytes]
+    pages: list[np.ndarray]
+    on_done: Callable[[BatchResult], None]
+    outcomes: list[ReadOutcome] = field(default_factory=list)
+    left: int = 0
+    error: str | None = None
+    refused: list[str] = field(default_factory=list)
+    started: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class _Value:
+    """One value of a batch, in flight on a connection (or waiting for one)."""
+
+    batch: _Batch
+    index: int
+    header: bytearray | None = None  # a load's header, read from its reply
+    crlf: bytearray | None = None  # and the CRLF that ends it
+    outcome: ReadOutcome = ReadOutcome.MISS
+
+
+class RemoteLoop:
+    """The I/O thread of one direction over a ``RemoteStore``. See the module docstring.
+
+    Args:
+        store: the store (its owner closes it; the loop borrows ``connections`` of
+            its connections for as long as it runs).
+        connections: sockets the loop multiplexes.
+        name: the thread's name.
+    """
+
+    def __init__(self, store: RemoteStore, *, connections: int, name: str) -> None:
+        if connections < 1:
+            raise ValueError(f"connections must be >= 1, got {connections}")
+        self._store = store
+        self._count = connections
+        self._name = name
+        self._start_fresh()
+        renew_after_fork(self)
+
+    def _start_fresh(self) -> None:
+        self._lock = threading.Lock()
+        self._inbox: collections.deque[_Batch] = collections.deque()
+        self._closing = False
+        self._sleeping = False
+        self._thread: threading.Thread | None = None
+        self._waker_r, self._waker_w = socket.socketpair()
+        self._waker_r.setblocking(False)
+        self._waker_w.setblocking(False)
+
+    def _after_fork(self) -> None:
+        """In a forked child: nothing of the parent's loop (thread, sockets, batches)."""
+        self._start_fresh()
+
+    def submit(
+        self,
+        op: Op,
+        keys: Sequence[bytes],
+        pages: Sequence[np.ndarray],
+        on_done: Callable[[BatchResult], None],
+    ) -> None:
+        """Queue a batch; ``on_done`` is called once, from the loop's thread.
+
+        Raises:
+            RuntimeError: the loop is closed.
+        """
+        names = [self._store.redis_key(k) for k in keys]
+        batch = _Batch(op, list(keys), names, list(pages), on_done, left=len(keys))
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the remote loop is closed")
+            self._inbox.append(batch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            elif self._sleeping:
+                self._sleeping = False
+                self._wake()
+
+    def close(self) -> None:
+        """Finish every queued batch, then end the thread and close its sockets."""
+        with self._lock:
+            self._closing = True
+            thread = self._thread
+            self._wake()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        self._waker_r.close()
+        self._waker_w.close()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full (it wakes anyway) or closed
+            self._waker_w.send(b"\0")
+
+    # -- the thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self._store.multiplexable:
+            _Multiplexer(self).run()
+            return
+        while True:
+            batch = self._next(block=True)
+            if batch is None:
+                return
+            _run_blocking(self._store, batch)
+
+    def _next(self, block: bool) -> _Batch | None:
+        """The next queued batch; None when there is none (and, if ``block``, the loop
+        is closing)."""
+        while True:
+            with self._lock:
+                if self._inbox:
+                    return self._inbox.popleft()
+                if not block or self._closing:
+                    return None
+                self._sleeping = True
+            self._sleep(None)
+
+    def _sleep(self, timeout: float | None) -> None:
+        sel = selectors.DefaultSelector()
+        with sel:
+            sel.register(self._waker_r, selectors.EVENT_READ)
+            sel.select(timeout)
+        self._drain_waker()
+
+    def _drain_waker(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._waker_r.recv(4096):
+                pass
+
+
+def _run_blocking(store: RemoteStore, batch: _Batch) -> None:
+    """A batch through the store's blocking calls (cluster, TLS)."""
+    start = time.perf_counter()
+    error: str | None = None
+    outcomes: tuple[ReadOutcome, ...] = ()
+    try:
+        if batch.op is Op.STORE:
+            store.write_many(batch.keys, batch.pages)
+        else:
+            outcomes = tuple(store.read_many_into(batch.keys, batch.pages))
+    except TransferError as e:
+        error = str(e)
+    except Exception as e:  # a bug: reported, never raised into the loop
+        logger.exception("remote %s raised", batch.op.value)
+        error = f"unexpected {e!r}"
+    if error is not None and batch.op is Op.LOAD:
+        for page in batch.pages:
+            page[:] = 0
+        outcomes = (ReadOutcome.MISS,) * len(batch.keys)
+    batch.on_done(BatchResult(error, outcomes, time.perf_counter() - start))
+
+
+def _readable(sock: Any) -> bool:
+    """Whether an idle connection has something to read now: the server closed it,
+    or it holds bytes nobody asked for. Either way it must not carry a new request."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class _Multiplexer:
+    """The loop's thread over plain sockets (one instance per thread run)."""
+
+    def __init__(self, loop: RemoteLoop) -> None:
+        self.loop = loop
+        self.store = loop._store
+        self.timeout_s = self.store.options.timeout_s
+        px = self.store.options.ttl_s
+        self.px = None if px is None else max(1, round(px * 1000))
+        self.conns: list[_Conn | None] = [None] * loop._count
+        self.queue: collections.deque[_Value] = collections.deque()
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(loop._waker_r, selectors.EVENT_READ, None)
+
+    def run(self) -> None:
+        loop = self.loop
+        try:
+            while True:
+                self._admit()
+                self._assign()
+                busy = [c for c in self.conns if c is not None and c.waiting]
+                if self.queue and not busy:
+                    continue  # a connection was lost while sending: open another
+                now = time.monotonic()
+                expired = [c for c in busy if c.deadline <= now]
+                for c in expired:
+                    self._lost(c, TimeoutError(f"no reply in {self.timeout_s} s"))
+                if expired:
+                    continue
+                with loop._lock:
+                    if loop._inbox:
+                        continue
+                    if not busy and loop._closing:
+                        return
+                    loop._sleeping = True
+                self._select(min(c.deadline for c in busy) - now if busy else None)
+        finally:
+            for held in self.conns:
+                if held is not None:
+                    held.close()
+            self.sel.close()
+
+    def _select(self, timeout: float | None) -> None:
+        ready = self.sel.select(timeout)
+        deadline = time.monotonic() + self.timeout_s  # an event is progress
+        for key, events in ready:
+            conn = key.data
+            if conn is None:
+                self.loop._drain_waker()
+                continue
+            conn.deadline = deadline
+            try:
+                if events & selectors.EVENT_WRITE:
+                    conn.flush()
+                    if not conn.out:
+                        self.sel.modify(conn.sock, selectors.EVENT_READ, conn)
+                if events & selectors.EVENT_READ:
+                    self._read(conn)
+            except _LOST as e:
+                self._lost(conn, e)
+            except Exception as e:  # a bug, or a reply nobody foresaw: never the thread
+                logger.exception("remote %s connection failed", self.loop._name)
+                self._lost(conn, e)
+        with self.loop._lock:
+            self.loop._sleeping = False
+
+    # -- batches in and out ----------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Move queued batches onto the value queue (if the breaker allows each)."""
+        while True:
+            batch = self.loop._next(block=False)
+            if batch is None:
+                return
+            batch.started = time.perf_counter()
+            batch.outcomes = [ReadOutcome.MISS] * len(batch.keys)
+            if not batch.keys:
+                self._finish(batch)
+                continue
+            breaker = self.store.breaker
+            if not breaker.allow():
+                batch.error = (
+                    f"remote store unhealthy after {breaker.failures} failure(s) "
+                    f"({breaker.last_error}); next try in {breaker.retry_in():.1f} s"
+                )
+                batch.left = 0
+                self._finish(batch)
+                continue
+            self.queue.extend(_Value(batch, i) for i in range(len(batch.keys)))
+
+    def _finish(self, batch: _Batch) -> None:
+        if batch.op is Op.LOAD:
+            hit = ReadOutcome.HIT
+            if batch.error is not None:
+                batch.outcomes = [o if o is hit else ReadOutcome.MISS for o in batch.outcomes]
+            for page, outcome in zip(batch.pages, batch.outcomes, strict=True):
+                if outcome is not hit:
+                    page[:] = 0
+        if batch.refused and batch.error is None:
+            batch.error = (
+                f"{len(batch.refused)} of {len(batch.keys)} values refused: {batch.refused[0]}"
+            )
+        if batch.keys and (batch.error is None or batch.refused):
+            self.store.breaker.record_success()
+        corrupt = [
+            k for k, o in zip(batch.keys, batch.outcomes, strict=True) if o is ReadOutcome.CORRUPT
+        ]
+        if corrupt:
+            try:
+                self.store.delete_many(corrupt)
+            except TransferError as e:
+                logger.warning("could not delete %d corrupt remote values: %s", len(corrupt), e)
+        result = BatchResult(
+            batch.error,
+            tuple(batch.outcomes) if batch.op is Op.LOAD else (),
+            time.perf_counter() - batch.started,
+        )
+        try:
+            batch.on_done(result)
+        except Exception:
+            logger.exception("a remote batch's on_done raised")
+
+    def _settle(self, value: _Value, outcome: ReadOutcome | None = None) -> None:
+        batch = value.batch
+        if outcome is not None:
+            batch.outcomes[value.index] = outcome
+        batch.left -= 1
+        if not batch.left:
+            self._finish(batch)
+
+    # -- values onto connections -----------------------------------------------------
+
+    def _assign(self) -> None:
+        """Give each connection values up to its window, and send them."""
+        queue = self.queue
+        while queue and queue[0].batch.error is not None and not queue[0].batch.refused:
+            self._settle(queue.popleft())  # its batch failed: never sent
+        if not queue:
+            return
+        for slot in range(len(self.conns)):
+            conn = self.conns[slot]
+            if conn is not None and not conn.waiting and _readable(conn.sock):
+                # closed by the server while idle (or out of step): not a failure
+                self._lost(conn, RedisConnectionError("closed while idle"))
+                conn = None
+            conn = conn or self._open(slot)
+            if conn is None:
+                return
+            buffers: list[Any] = []
+            was_idle = not conn.waiting
+            room = self._window(queue[0]) - len(conn.waiting)
+            while queue and room > 0:
+                value = queue.popleft()
+                batch = value.batch
+                if batch.error is not None and not batch.refused:
+                    self._settle(value)
+                    continue
+                buffers += self._command(value)
+                conn.waiting.append(value)
+                room -= 1
+            if buffers:
+                if was_idle:
+                    conn.deadline = time.monotonic() + self.timeout_s
+                try:
+                    conn.send(buffers)
+                except _LOST as e:
+                    self._lost(conn, e)
+                    continue
+                if conn.out:
+                    self.sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            if not queue:
+                return
+
+    def _window(self, value: _Value) -> int:
+        nbytes = value.batch.pages[value.index].nbytes
+        if value.batch.op is Op.LOAD:
+            return get_window(nbytes)
+        return max(1, STORE_WINDOW_BYTES // max(1, nbytes))
+
+    def _command(self, value: _Value) -> list[Any]:
+        batch, i = value.batch, value.index
+        if batch.op is Op.LOAD:
+            name = batch.names[i]
+            return [_GET % (len(name), name)]
+        payload = batch.pages[i].reshape(-1).data.cast("B")
+        block = BlockValue(self.store.header(batch.keys[i], payload), payload)
+        return set_commands([(batch.names[i], block)], self.px)
+
+    def _open(self, slot: int) -> _Conn | None:
+        """A new connection in ``slot``; on failure every queued value's batch fails."""
+        try:
+            link, release = self.store.lend_connection()
+        except TransferError as e:
+            queue, self.queue = self.queue, collections.deque()
+            for value in queue:
+                value.batch.error = value.batch.error or str(e)
+                value.batch.refused.clear()
+                self._settle(value)
+            return None
+        conn = _Conn(link, self.timeout_s, release)
+        self.conns[slot] = conn
+        self.sel.register(conn.sock, selectors.EVENT_READ, conn)
+        return conn
+
+    def _lost(self, conn: _Conn, error: BaseException) -> None:
+        """Drop a connection; its values (and their batches) fail."""
+        self.sel.unregister(conn.sock)
+        self.conns[self.conns.index(conn)] = None
+        conn.close()
+        if not conn.waiting:
+            return  # an idle connection the server closed: not a failure of the store
+        why = f"{type(error).__name__}: {error}"  # redis-py's repr drops the message
+        self.store.breaker.record_failure(why)
+        why = f"remote store failed: {why}"
+        while conn.waiting:
+            value = conn.waiting.popleft()
+            value.batch.error = value.batch.error or why
+            value.batch.refused.clear()
+            self._settle(value, ReadOutcome.MISS)
+
+    # -- replies ---------------------------------------------------------------------
+
+    def _read(self, conn: _Conn) -> None:
+        """Read every reply the socket holds now, settling values as they end."""
+        conn.drained = False
+        waiting = conn.waiting
+        if not waiting:  # the server closed an idle connection (or sent what nobody asked)
+            raise RedisConnectionError("an idle connection became readable")
+        while waiting:
+            value = waiting[0]
+            if conn.rest:
+                if not conn.fill():
+                    return
+                assert value.header is not None and value.crlf is not None
+                if value.crlf != b"\r\n":
+                    raise RedisConnectionError("a bulk reply not ended by CRLF")
+                batch, i = value.batch, value.index
+                outcome = verified(
+                    value.header, batch.keys[i], self.store.fingerprint, batch.pages[i]
+                )
+                waiting.popleft()
+                self._settle(value, outcome)
+                continue
+            if conn.skip:
+                if not conn.discard():
+                    return
+                waiting.popleft()
+                self._settle(value, value.outcome)
+                continue
+            line = conn.line()
+            if line is None:
+                return
+            if value.batch.op is Op.STORE:
+                waiting.popleft()
+                self._stored(value, line)
+            else:
+                self._got(conn, value, line)
+
+    def _stored(self, value: _Value, line: bytes) -> None:
+        if line == b"+OK":
+            self._settle(value)
+        elif line.startswith(b"-"):  # refused (OOM, ...): the batch fails, the store is fine
+            value.batch.refused.append(line[1:].decode(errors="replace"))
+            self._settle(value)
+        else:
+            raise RedisConnectionError(f"unexpected reply to SET: {line[:40]!r}")
+
+    def _got(self, conn: _Conn, value: _Value, line: bytes) -> None:
+        batch, i = value.batch, value.index
+        key, page = batch.keys[i], batch.pages[i]
+        expected = self.store.header_size(len(key)) + page.nbytes
+        if line in (b"$-1", b"_"):  # nil in RESP2, null in RESP3
+            conn.waiting.popleft()
+            self._settle(value, ReadOutcome.MISS)
+        elif line.startswith(b"-"):  # an error reply: a foreign value (WRONGTYPE, ...)
+            conn.waiting.popleft()
+            self._settle(value, reject(key, page, line.decode(errors="replace")))
+        elif line.startswith((b"$", b"!")):
+            try:
+                length = int(line[1:])
+            except ValueError:
+                raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}") from None
+            if line.startswith(b"$") and length == expected:
+                value.header, value.crlf = bytearray(expected - page.nbytes), bytearray(2)
+                payload = page.reshape(-1).data.cast("B")
+                conn.rest = [memoryview(value.header), payload, memoryview(value.crlf)]
+            elif line.startswith(b"$") and length < 0:
+                raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}")
+            else:
+                why = "error reply" if line.startswith(b"!") else f"value of {length} bytes"
+                value.outcome = reject(key, page, f"{why}, expected {expected}")
+                conn.skip = length + 2
+        else:
+            raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}")

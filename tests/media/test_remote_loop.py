@@ -1,0 +1,473 @@
+"""``RemoteLoop``: one I/O thread over several non-blocking connections.
+
+Against a real redis-server: values round trip whatever the reads' splits (every read
+cut to ``step`` bytes by ``Trickle``, so a split falls in every line, header, payload
+and CRLF) and however a batch's values spread over connections; a wrong-length,
+wrong-checksum, foreign or other-key value in the middle of a batch is a deleted
+``CORRUPT`` whose neighbours on the same connection still load; a hung server times
+out. Against a scripted server: a connection closed in the middle of a reply fails
+its batch (pages zeroed, the breaker told) and the next batch reconnects. ``close``
+ends the thread and closes its sockets.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kvtier.media import block_format, remote_loop, remote_values
+from kvtier.media.circuit_breaker import Backoff, CircuitBreaker
+from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+from kvtier.media.remote_loop import BatchResult, Op, RemoteLoop
+
+from ..redis_server import RedisServer
+
+FP = b"\x5a" * 32
+BLOCK = 3000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 32
+
+
+def payload(i: int, n: int = BLOCK) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8)
+
+
+class Trickle:
+    """A non-blocking socket whose every read returns at most ``step`` bytes."""
+
+    def __init__(self, sock: socket.socket, step: int) -> None:
+        self._sock, self.step = sock, step
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def sendmsg(self, buffers: Sequence[Any]) -> int:
+        return self._sock.sendmsg(buffers)
+
+    def recv_into(self, buf: memoryview, nbytes: int = 0) -> int:
+        return self._sock.recv_into(buf, min(nbytes or len(buf), self.step))
+
+    def recvmsg_into(self, buffers: Sequence[memoryview]) -> tuple[int, Any, int, Any]:
+        left, cut = self.step, []
+        for b in buffers:
+            if left <= 0:
+                break
+            cut.append(memoryview(b)[:left])
+            left -= len(cut[-1])
+        return self._sock.recvmsg_into(cut)
+
+
+@pytest.fixture
+def conns(monkeypatch: pytest.MonkeyPatch) -> Callable[[int | None], list[Any]]:
+    """Make the loop's connections read through ``Trickle`` (``None``: as they are);
+    returns the list of connections made."""
+
+    def use(step: int | None) -> list[Any]:
+        made: list[Any] = []
+
+        class Recorded(remote_loop._Conn):
+            def __init__(self, *args: Any) -> None:
+                super().__init__(*args)
+                self.raw, self.sends = self.sock, 0
+                if step is not None:
+                    self.sock = Trickle(self.sock, step)  # type: ignore[assignment]
+                made.append(self)
+
+            def send(self, buffers: list[Any]) -> None:
+                self.sends += 1
+                super().send(buffers)
+
+        monkeypatch.setattr(remote_loop, "_Conn", Recorded)
+        return made
+
+    return use
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path / "redis").start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def open_store(url: str, clock: Clock, timeout_s: float = 5.0) -> RemoteStore:
+    breaker = CircuitBreaker(Backoff(base_s=1.0, max_s=1.0, jitter=0.0), clock=clock)
+    options = RemoteOptions(url=url, timeout_s=timeout_s, max_connections=8)
+    return RemoteStore.open(FP, options, breaker=breaker, environ={})
+
+
+def run(loop: RemoteLoop, batches: list[tuple[Op, list[bytes], list[np.ndarray]]]) -> list[Any]:
+    """Submit every batch at once; their results, in submission order."""
+    results: list[BatchResult | None] = [None] * len(batches)
+    done = threading.Semaphore(0)
+
+    def report(i: int, r: BatchResult) -> None:
+        results[i] = r
+        done.release()
+
+    for i, (op, keys, pages) in enumerate(batches):
+        loop.submit(op, keys, pages, lambda r, i=i: report(i, r))
+    for _ in batches:
+        assert done.acquire(timeout=60), "a batch never finished"
+    return results
+
+
+def small_windows(monkeypatch: pytest.MonkeyPatch, values: int) -> None:
+    """Windows of ``values`` values per connection, so a batch spreads over them."""
+    monkeypatch.setattr(remote_values, "WINDOW_BYTES", values * BLOCK)
+    monkeypatch.setattr(remote_loop, "STORE_WINDOW_BYTES", values * BLOCK)
+
+
+@pytest.mark.parametrize("connections", [1, 3])
+@pytest.mark.parametrize("step", [1, 7, 1000, None])
+def test_values_round_trip_across_any_split_and_any_connection(
+    server: RedisServer,
+    clock: Clock,
+    conns: Callable[[int | None], list[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    step: int | None,
+    connections: int,
+) -> None:
+    made = conns(step)
+    small_windows(monkeypatch, 2)
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=connections, name="test-loop")
+    sizes = [5, 8, 3, 8]
+    starts = np.cumsum([0, *sizes])
+    keys = [key(i) for i in range(sum(sizes))]
+    data = [payload(i) for i in range(len(keys))]
+    parts = [range(int(a), int(b)) for a, b in itertools.pairwise(starts)]
+    try:
+        stored = run(loop, [(Op.STORE, [keys[i] for i in p], [data[i] for i in p]) for p in parts])
+        assert [r.error for r in stored] == [None] * 4
+        outs = np.full((len(keys), BLOCK), 0xAB, np.uint8)
+        loaded = run(loop, [(Op.LOAD, [keys[i] for i in p], [outs[i] for i in p]) for p in parts])
+        assert [r.error for r in loaded] == [None] * 4
+        assert [o for r in loaded for o in r.outcomes] == [ReadOutcome.HIT] * len(keys)
+        for i in range(len(keys)):
+            assert np.array_equal(outs[i], data[i]), i
+        assert len(made) == connections and all(c.sends for c in made)
+        assert store.healthy
+    finally:
+        loop.close()
+        store.close()
+
+
+@pytest.mark.parametrize("step", [1, 5, None])
+def test_bad_values_mid_batch_are_deleted_misses_and_their_neighbours_load(
+    server: RedisServer, clock: Clock, conns: Callable[[int | None], list[Any]], step: int | None
+) -> None:
+    conns(step)
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=1, name="test-loop")
+    keys = [key(i) for i in range(8)]
+    data = [payload(i) for i in range(8)]
+    name = store.redis_key
+    try:
+        run(loop, [(Op.STORE, keys, data)])
+        with server.client() as c:
+            c.set(name(keys[1]), b"short")  # wrong length
+            c.setrange(name(keys[2]), 500, b"flipped")  # wrong checksum
+            c.delete(name(keys[3]))
+            c.lpush(name(keys[3]), b"x")  # another type: an error reply
+            c.delete(name(keys[4]))  # a miss
+            c.copy(name(keys[0]), name(keys[5]), replace=True)  # another key's block
+            wrong = b"x" * (store.header_size(32) + BLOCK)  # the right length, no header
+            c.set(name(keys[6]), wrong)
+        outs = np.full((8, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        hit, bad, miss = ReadOutcome.HIT, ReadOutcome.CORRUPT, ReadOutcome.MISS
+        assert result.error is None
+        assert list(result.outcomes) == [hit, bad, bad, bad, miss, bad, bad, hit]
+        for i in (0, 7):
+            assert np.array_equal(outs[i], data[i])
+        assert not outs[1:7].any()
+        assert store.exists_many(keys) == [True] + [False] * 6 + [True]
+        assert store.healthy
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_a_hung_server_times_out_fails_the_batch_and_the_next_one_reconnects(
+    server: RedisServer, clock: Clock
+) -> None:
+    store = open_store(server.url, clock, timeout_s=0.5)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
+    try:
+        run(loop, [(Op.STORE, keys, data)])
+        server.pause()
+        outs = np.full((4, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert "no reply in 0.5 s" in (result.error or "")
+        assert list(result.outcomes) == [ReadOutcome.MISS] * 4 and not outs.any()
+        assert not store.healthy
+        (fast,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert "unhealthy" in (fast.error or "")
+        server.resume()
+        clock.now += 5.0
+        (again,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert again.error is None and list(again.outcomes) == [ReadOutcome.HIT] * 4
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        assert store.healthy
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_a_refused_store_fails_its_batch_but_not_the_store(tmp_path: Path, clock: Clock) -> None:
+    server = RedisServer(tmp_path, ["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"])
+    server.start()
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    try:
+        big = [payload(i, 200_000) for i in range(12)]
+        (result,) = run(loop, [(Op.STORE, [key(i) for i in range(12)], big)])
+        assert "values refused" in (result.error or "") and "OOM" in (result.error or "")
+        assert store.healthy
+    finally:
+        loop.close()
+        store.close()
+        server.stop()
+
+
+def test_close_ends_the_thread_and_closes_its_sockets(
+    server: RedisServer, clock: Clock, conns: Callable[[int | None], list[Any]]
+) -> None:
+    made = conns(None)
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=3, name="test-loop-close")
+    try:
+        run(loop, [(Op.STORE, [key(i)], [payload(i)]) for i in range(6)])
+        thread = loop._thread
+        assert thread is not None and thread.is_alive() and made
+        loop.close()
+        assert not thread.is_alive()
+        assert all(c.raw.fileno() == -1 for c in made)
+        assert [t for t in threading.enumerate() if t.name == "test-loop-close"] == []
+        with pytest.raises(RuntimeError, match="closed"):
+            loop.submit(Op.STORE, [key(0)], [payload(0)], lambda r: None)
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_connections_the_server_closed_while_idle_are_replaced_without_a_failure(
+    server: RedisServer,
+    clock: Clock,
+    conns: Callable[[int | None], list[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server drops idle clients (its ``timeout``, a restart of a proxy, ``CLIENT
+    KILL``): the next batch goes out on new connections, and nothing counts as an
+    outage. Whether the loop saw the close before the batch came (its ``select``) or
+    only when it hands the batch out (an idle connection must not be readable), the
+    batch succeeds."""
+    made = conns(None)
+    small_windows(monkeypatch, 1)
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(6)], [payload(i) for i in range(6)]
+    try:
+        assert run(loop, [(Op.STORE, keys, data)])[0].error is None
+        with server.client() as c:
+            me = c.client_id()
+            theirs = [int(x["id"]) for x in c.client_list() if int(x["id"]) != me]
+            assert len(theirs) == len(made) == 2
+            for i in theirs:
+                c.client_kill_filter(_id=i)
+            while any(int(x["id"]) != me for x in c.client_list()):
+                pass  # until the server has closed them
+        outs = np.full((6, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert result.error is None and list(result.outcomes) == [ReadOutcome.HIT] * 6
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+        assert store.outages == 0 and store.healthy and len(made) == 4
+    finally:
+        loop.close()
+        store.close()
+
+
+# -- a scripted server: replies cut short -----------------------------------------------
+
+
+class ScriptedRedis:
+    """Serves ``SET``/``GET`` from a dict, one thread per connection; ``cut`` says
+    which ``GET`` (counted from 0 over all connections) gets half its reply, then
+    the connection closed, ``garble`` which gets a reply line that is no RESP;
+    ``hold`` names keys whose ``GET`` waits for ``release``."""
+
+    def __init__(
+        self, cut: int | None = None, hold: Sequence[bytes] = (), garble: int | None = None
+    ) -> None:
+        self.values: dict[bytes, bytes] = {}
+        self.cut, self.hold, self.garble = cut, set(hold), garble
+        self.release = threading.Event()
+        self.gets = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            stream = conn.makefile("rb")
+            while (args := _read_command(stream)) is not None:
+                verb = args[0].upper()
+                if verb == b"HELLO":  # redis-py asks for RESP3
+                    conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                elif verb == b"SET":
+                    self.values[args[1]] = args[2]
+                    conn.sendall(b"+OK\r\n")
+                elif verb == b"GET":
+                    with self._lock:
+                        n, self.gets = self.gets, self.gets + 1
+                    if args[1] in self.hold:
+                        self.release.wait(30)
+                    value = self.values.get(args[1])
+                    reply = b"_\r\n" if value is None else b"$%d\r\n%s\r\n" % (len(value), value)
+                    if n == self.garble:
+                        reply = b"$12x\r\n"
+                    if n == self.cut:
+                        conn.sendall(reply[: len(reply) // 2])
+                        return
+                    conn.sendall(reply)
+                elif verb in (b"DEL", b"EXISTS"):
+                    conn.sendall(b":0\r\n")
+                else:
+                    conn.sendall(b"+OK\r\n")
+
+    def close(self) -> None:
+        self.release.set()
+        self._listener.close()
+
+
+def _read_command(stream: Any) -> list[bytes] | None:
+    line = stream.readline()
+    if not line:
+        return None
+    args = []
+    for _ in range(int(line[1:])):
+        size = int(stream.readline()[1:])
+        args.append(stream.read(size + 2)[:-2])
+    return args
+
+
+@pytest.mark.parametrize(
+    ("fault", "why"), [({"cut": 2}, "closed"), ({"garble": 1}, "unexpected reply to GET")]
+)
+def test_a_connection_closed_or_garbled_mid_reply_fails_its_batch_and_the_next_reconnects(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch, fault: dict[str, int], why: str
+) -> None:
+    small_windows(monkeypatch, 1)
+    fake = ScriptedRedis(**fault)
+    store = open_store(fake.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
+    try:
+        run(loop, [(Op.STORE, keys, data)])
+        outs = np.full((4, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert why in (result.error or "")
+        assert store.outages == 1 and not store.healthy
+        for o, d, outcome in zip(outs, data, result.outcomes, strict=True):
+            if outcome is ReadOutcome.HIT:
+                assert np.array_equal(o, d)
+            else:
+                assert not o.any()
+        assert ReadOutcome.MISS in result.outcomes  # the value cut short or garbled
+        clock.now += 5.0
+        (again,) = run(loop, [(Op.LOAD, keys, list(outs))])
+        assert again.error is None and list(again.outcomes) == [ReadOutcome.HIT] * 4
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+    finally:
+        loop.close()
+        store.close()
+        fake.close()
+
+
+def test_a_value_header_is_checked_against_its_own_key_and_model() -> None:
+    """The scripted server stores what the loop sends: the value is ``header ||
+    payload`` in the block format, under the key's Redis name."""
+    fake = ScriptedRedis()
+    store = open_store(fake.url, Clock())
+    loop = RemoteLoop(store, connections=1, name="test-loop")
+    try:
+        run(loop, [(Op.STORE, [key(3)], [payload(3)])])
+        value = fake.values[store.redis_key(key(3))]
+        size = store.header_size(32)
+        header = block_format.verify(value[:size], value[size:], key=key(3), fingerprint=FP)
+        assert header.payload_length == BLOCK and value[size:] == payload(3).tobytes()
+    finally:
+        loop.close()
+        store.close()
+        fake.close()
+
+
+def test_a_store_without_plain_sockets_is_served_by_blocking_calls(
+    server: RedisServer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster or TLS store: the same thread runs each batch through ``write_many``
+    and ``read_many_into``, with the same outcomes."""
+    monkeypatch.setattr(RemoteStore, "multiplexable", property(lambda self: False))
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
+    try:
+        assert run(loop, [(Op.STORE, keys, data)])[0].error is None
+        store.delete_many([keys[2]])
+        outs = np.full((5, BLOCK), 0xAB, np.uint8)
+        (result,) = run(loop, [(Op.LOAD, [*keys, key(9)], list(outs))])
+        hit, miss = ReadOutcome.HIT, ReadOutcome.MISS
+        assert result.error is None and list(result.outcomes) == [hit, hit, miss, hit, miss]
+        assert np.array_equal(outs[3], data[3]) and not outs[2].any() and not outs[4].any()
+        server.kill()
+        (down,) = run(loop, [(Op.LOAD, keys, list(outs[:4]))])
+        assert "remote store failed" in (down.error or "") and not outs.any()
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_an_idle_connection_is_readable_only_when_closed_or_out_of_step() -> None:
+    """The check before an idle connection takes new requests (the loop may not have
+    seen a close yet when a job comes in the same instant)."""
+    a, b = socket.socketpair()
+    with a, b:
+        assert not remote_loop._readable(a)
+        b.sendall(b"+OK\r\n")  # a reply nobody asked for
+        assert remote_loop._readable(a)
+        a.recv(16)
+        b.close()
+        assert remote_loop._readable(a)
