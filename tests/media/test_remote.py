@@ -3,17 +3,14 @@ processes, corruption, eviction, TTL, passwords and option checks."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +20,7 @@ from kvtier.media import block_format
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
 
+from ..forking import held_by_another_thread, run_in_forked_child
 from ..redis_server import RedisServer
 from .test_block_format import version_1_header
 
@@ -352,50 +350,6 @@ def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
         for t in holders:
             t.join()
         s.close()
-
-
-def run_in_forked_child(body: Callable[[], bool], in_parent: Callable[[], None]) -> None:
-    """Fork: the child runs ``body`` and exits 0 if it returns True (1 if not, or if it
-    raises); the parent runs ``in_parent``, then waits for the child. Fails if the
-    child failed, or hung (still running after a generous 60 s)."""
-    pid = os.fork()
-    if pid == 0:  # the child: only this thread; the parent's other threads are gone
-        code = 1
-        try:
-            code = 0 if body() else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    in_parent()
-    deadline = time.monotonic() + 60
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if done[0] == 0:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung")
-    assert os.waitstatus_to_exitcode(done[1]) == 0, "the forked child failed"
-
-
-@contextlib.contextmanager
-def held_by_another_thread(lock: Any) -> Iterator[threading.Event]:
-    """``lock`` held by another thread until the event yielded is set."""
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with lock:
-            held.set()
-            release.wait()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(30)
-        yield release
-    finally:
-        release.set()
-        holder.join()
 
 
 @pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")  # Python 3.12+: threads
