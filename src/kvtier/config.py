@@ -33,7 +33,7 @@ Keys (see ``docs/configuration.md``):
 ``remote_timeout_s``      connect/read timeout, seconds (default 1.0)
 ``remote_password_env``   environment variable holding the password (default
                           ``KVTIER_REDIS_PASSWORD``; never the config file)
-``remote_io_threads``     remote reads/writes in flight per direction (default 2)
+``remote_io_threads``     connections per direction, one I/O thread each way (default 2)
 ``remote_ttl_s``          expire values this long after writing (default: never)
 ``remote_tls_ca_file``    CA bundle for ``rediss://`` (default: the system's)
 ``remote_index_blocks``   remote blocks this engine remembers (default 1,000,000)
