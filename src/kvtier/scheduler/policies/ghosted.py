@@ -7,7 +7,7 @@ as a recency list and a ghost list, every stored and evicted block went through 
 large tables (T1's ``OrderedDict`` and B1's set, whose churn also rebuilt it). Here one
 dict holds a record per key, and two queues of entries hold the orders::
 
-    _rec:    key -> True (in the list: queued or parked) | False (a ghost)
+    _rec:    key -> its value (in the list: queued or parked) | GHOST
     _order:  the list's keys, coldest first   (EntryQueue: a touched, removed or
     _ghosts: the ghosts, oldest first          skipped-and-evicted key leaves a dead entry)
     _parked: held keys taken off the order's front, in parking order (as RecencyList)
@@ -18,9 +18,11 @@ keys at the cold end are parked and released parked keys wait in a heap, offered
 before the order, exactly as in ``RecencyList`` (``policies/recency.py``), so the
 eviction order is the same: parked (by parking order), then the list, coldest first.
 
-The list is used like ``RecencyList`` (the methods ARC asks of T1); ``ghosts`` is a
-view with ``GhostList``'s methods. A key's dead entries in a queue are its first
-ones, so the front's dead entries are dropped by count (``EntryQueue``).
+The list is used like ``RecencyList`` (the methods ARC asks of T1 and segmented LRU
+of probation); ``ghosts`` is a view with ``GhostList``'s methods. A key's dead entries
+in a queue are its first ones, so the front's dead entries are dropped by count
+(``EntryQueue``). Each key of the list carries a value, as in ``RecencyList``:
+``True`` here, its last-use time in ``TimedGhostedList`` (``policies/timed.py``).
 """
 
 from __future__ import annotations
@@ -29,13 +31,18 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Iterator, Sequence
 from itertools import islice, repeat
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 from kvtier.scheduler.policies.base import HeldBlocks
 from kvtier.scheduler.policies.entries import EntryQueue
 from kvtier.scheduler.policies.recency import FRESH_BATCHES
 
 K = TypeVar("K", bound=Hashable)
+
+GHOST: Final = False
+"""The record of a ghost; a key of the list has its value (``True``, or a time: an
+int, never ``False`` itself, as records are told apart by identity). A builtin, not
+a sentinel ``object()``: a deep copy of the list keeps it as it is."""
 
 
 class GhostedList(Generic[K]):
@@ -54,7 +61,7 @@ class GhostedList(Generic[K]):
     )
 
     def __init__(self) -> None:
-        self._rec: dict[K, bool] = {}
+        self._rec: dict[K, object] = {}
         self._order: EntryQueue[K] = EntryQueue()
         self._ghosts: EntryQueue[K] = EntryQueue()
         self._listed = 0  # keys in the list (queued or parked)
@@ -72,34 +79,52 @@ class GhostedList(Generic[K]):
         return self._listed
 
     def __contains__(self, key: object) -> bool:
-        return self._rec.get(key) is True  # type: ignore[arg-type]
+        return self._rec.get(key, GHOST) is not GHOST  # type: ignore[arg-type]
 
     def keys(self) -> Iterator[K]:
         """Every key of the list, parked or not, in no particular order."""
-        return (key for key, listed in self._rec.items() if listed)
+        return (key for key, value in self._rec.items() if value is not GHOST)
 
     def ordered(self) -> list[K]:
         """Every key of the list, coldest first: the parked ones, then the order."""
         return [*self._parked, *self._order]
 
+    def _stamps(self) -> Iterator[object]:
+        """The values of keys added or touched, in call order (a subclass stamps)."""
+        return repeat(True)
+
     def add(self, key: K) -> None:
         """Add a key not in the list as the most recent (a ghost leaves the ghosts)."""
+        if self._rec.get(key) is GHOST:
+            self._ghosts.kill(key)
+            del self._rec[key]
         self.add_all([key])
 
     def add_all(self, keys: Sequence[K]) -> None:
-        """Add keys not in the list, in order, as the most recent; those that are
-        ghosts stop being ghosts."""
+        """Add keys that are neither in the list nor ghosts, in order, as the most
+        recent (one C-level pass: a new key's ``setdefault`` is an insert)."""
         rec = self._rec
         before = len(rec)
-        deque(map(rec.setdefault, keys, repeat(True)), maxlen=0)  # new keys: inserts
-        if len(rec) - before != len(keys):  # some were ghosts (setdefault kept False)
-            for key in keys:
-                if not rec[key]:
-                    self._ghosts.kill(key)
-                    rec[key] = True
+        deque(map(rec.setdefault, keys, self._stamps()), maxlen=0)
+        assert len(rec) - before == len(keys), "add_all: a key is listed or a ghost"
         self._order.push(keys)
         self._listed += len(keys)
-        if self._parked and keys:
+        if self._parked:
+            self._note_fresh(keys)
+
+    def take_in(self, keys: Sequence[K], values: Sequence[object]) -> None:
+        """Add keys that are neither in the list nor ghosts, each with its value, in
+        order, as the most recent (``RecencyList.transfer`` to this list)."""
+        rec = self._rec
+        before = len(rec)
+        rec.update(zip(keys, values, strict=True))
+        assert len(rec) - before == len(keys), "take_in: a key is listed or a ghost"
+        self._order.push(keys)
+        self._listed += len(keys)
+
+    def _note_fresh(self, keys: Sequence[K]) -> None:
+        """Remember a batch just added while some keys are parked (``release_all``)."""
+        if keys:
             fresh = self._fresh
             fresh[keys[0], keys[-1], len(keys)] = list(keys)
             if len(fresh) > FRESH_BATCHES:
@@ -110,6 +135,16 @@ class GhostedList(Generic[K]):
         if self._parked.pop(key, None) is None:
             self._order.kill(key)  # a stale heap entry, if parked, is dropped lazily
         self._order.push([key])
+
+    def members(self, keys: Iterable[K]) -> list[K]:
+        """Those of ``keys`` in the list, in order."""
+        return list(filter(self.__contains__, keys))
+
+    def remove_all(self, keys: Sequence[K]) -> None:
+        """``remove`` each key (each must be in the list, once)."""
+        missing = self.remove_found(keys)
+        if missing:
+            raise KeyError(missing[0])
 
     def remove(self, key: K) -> None:
         """Remove a key of the list (it becomes nothing, not a ghost)."""
@@ -134,9 +169,11 @@ class GhostedList(Generic[K]):
                 others.append(key)
         return others
 
-    def bury(self, victims: Sequence[K]) -> list[K]:
-        """Evict those of ``victims`` (distinct) in the list: each becomes the newest
-        ghost, in order. Return the others, in order.
+    def bury(self, victims: Sequence[K], *, all_ghosts: bool = False) -> list[K]:
+        """Evict those of ``victims`` (distinct, none a ghost) in the list: each
+        becomes the newest ghost, in order. Return the others, in order; with
+        ``all_ghosts`` they become ghosts too, in their places among the victims (a
+        segmented LRU's victims from its other list share these ghosts).
 
         The usual case -- the victims are the order's coldest entries, as ``coldest``
         took them -- dequeues them and rewrites their records in place.
@@ -144,22 +181,24 @@ class GhostedList(Generic[K]):
         rec = self._rec
         if self._order.front(len(victims)) == victims:
             self._order.take(len(victims))
-            deque(map(rec.__setitem__, victims, repeat(False)), maxlen=0)
+            deque(map(rec.__setitem__, victims, repeat(GHOST)), maxlen=0)
             self._ghosts.push(victims)
             self._listed -= len(victims)
             return []
-        mine, others = [], []
+        buried, others = [], []
         parked, order = self._parked, self._order
         for key in victims:
-            if rec.get(key) is True:
+            if rec.get(key, GHOST) is not GHOST:
                 if parked.pop(key, None) is None:
                     order.kill(key)
-                rec[key] = False
-                mine.append(key)
+                self._listed -= 1
             else:
                 others.append(key)
-        self._ghosts.push(mine)
-        self._listed -= len(mine)
+                if not all_ghosts:
+                    continue
+            rec[key] = GHOST
+            buried.append(key)
+        self._ghosts.push(buried)
         return others
 
     # -- held keys, as in RecencyList ------------------------------------------------
@@ -264,7 +303,7 @@ class Ghosts(Generic[K]):
         return len(of._rec) - of._listed
 
     def __contains__(self, key: object) -> bool:
-        return self._of._rec.get(key) is False  # type: ignore[arg-type]
+        return self._of._rec.get(key) is GHOST  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[K]:
         """The ghosts, oldest first."""
@@ -278,21 +317,21 @@ class Ghosts(Generic[K]):
             return True
         if isinstance(keys, (list, tuple)) and rec.keys().isdisjoint(keys):
             return True
-        return not any(rec.get(key) is False for key in keys)
+        return not any(rec.get(key) is GHOST for key in keys)
 
     def update(self, keys: Iterable[K]) -> None:
         """Add keys that are neither ghosts nor in the list, in order, as the newest."""
         batch = list(keys)
         rec = self._of._rec
         before = len(rec)
-        deque(map(rec.setdefault, batch, repeat(False)), maxlen=0)
+        deque(map(rec.setdefault, batch, repeat(GHOST)), maxlen=0)
         if len(rec) - before != len(batch):
             raise ValueError("update: a key is already a ghost or in the list")
         self._of._ghosts.push(batch)
 
     def remove(self, key: K) -> None:
         """Take out a ghost (its block is stored again)."""
-        if self._of._rec.get(key) is not False:
+        if self._of._rec.get(key) is not GHOST:
             raise KeyError(key)
         del self._of._rec[key]
         self._of._ghosts.kill(key)

@@ -48,9 +48,12 @@ from collections.abc import (
     Sequence,
 )
 from itertools import chain, filterfalse, islice, repeat
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from kvtier.scheduler.policies.base import HeldBlocks
+
+if TYPE_CHECKING:
+    from kvtier.scheduler.policies.ghosted import GhostedList
 
 K = TypeVar("K", bound=Hashable)
 
@@ -256,7 +259,7 @@ class RecencyList(Generic[K]):
         """Every key, coldest first: the parked ones by parking order, then the list."""
         return sorted(self._parked, key=self._parked.__getitem__) + list(self._order)
 
-    def transfer(self, keys: Sequence[K], to: RecencyList[K]) -> None:
+    def transfer(self, keys: Sequence[K], to: RecencyList[K] | GhostedList[K]) -> None:
         """Move ``keys`` (distinct, each in this list, none in ``to``) to the hot end
         of ``to``, in order, each with its value (a demotion keeps the block's time)."""
         order, parked = self._order, self._parked
@@ -264,7 +267,12 @@ class RecencyList(Generic[K]):
             values = [order.pop(key) if key in order else parked.pop(key)[1] for key in keys]
         else:  # the usual case: one C-level pass
             values = list(map(order.pop, keys))
-        to._order.update(zip(keys, values, strict=True))
+        to.take_in(keys, values)
+
+    def take_in(self, keys: Sequence[K], values: Sequence[int | None]) -> None:
+        """Add keys not in the list, each with its value, in order, as the most
+        recent (``transfer`` to this list)."""
+        self._order.update(zip(keys, values, strict=True))
 
     def first(self) -> K:
         """The coldest key, held or not: the first key parked (parked keys are colder
