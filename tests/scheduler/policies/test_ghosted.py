@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from copy import deepcopy
+from itertools import count
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvtier.scheduler.policies import entries
 from kvtier.scheduler.policies.entries import EntryQueue
 from kvtier.scheduler.policies.ghosted import GhostedList
+from kvtier.scheduler.policies.timed import TimedGhostedList
 
 NAMES = [f"k{i}" for i in range(8)]
 KEYS = st.sampled_from(NAMES)
@@ -273,3 +275,23 @@ def test_a_deep_copy_keeps_its_ghosts_and_keys_apart() -> None:
     assert copy.ordered() == ["b", "c"] and list(copy.ghosts) == ["a"]
     copy.add_all(["d"])
     assert copy.ordered() == ["b", "c", "d"] and len(copy.ghosts) == 1
+
+
+def test_a_timed_list_stamps_each_add_and_touch_in_call_order() -> None:
+    """``TimedGhostedList`` (adaptive's probation): a key's record is its last-use
+    time, stamped from the shared clock by each add and touch -- of a parked key too
+    -- and kept as given by ``take_in`` (a demotion keeps the block's time)."""
+    clock = count()
+    gl: TimedGhostedList[str] = TimedGhostedList(clock)
+    gl.add_all(["a", "b"])  # 0, 1
+    gl.add("c")  # 2
+    gl.touch("a")  # 3
+    assert gl.coldest(1, {"b"}.__contains__, ()) == ["c"]  # parks b
+    assert gl.ordered() == ["b", "c", "a"]
+    gl.touch("b")  # 4, from where it is parked
+    gl.take_in(["d"], [-7])
+    assert gl.ordered() == ["c", "a", "b", "d"]
+    assert {k: gl.time(k) for k in gl.ordered()} == {"c": 2, "a": 3, "b": 4, "d": -7}
+    assert gl.bury(["c"]) == [] and list(gl.ghosts) == ["c"]
+    gl.add("c")  # a returning ghost: 5
+    assert gl.time("c") == 5 and not gl.ghosts and next(clock) == 6
