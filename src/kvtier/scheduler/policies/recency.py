@@ -47,7 +47,7 @@ from collections.abc import (
     Iterator,
     Sequence,
 )
-from itertools import chain, filterfalse, islice, repeat
+from itertools import chain, filterfalse, islice
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from kvtier.scheduler.policies.base import HeldBlocks
@@ -146,14 +146,6 @@ class RecencyList(Generic[K]):
         else:  # C-level: add the new keys, then move every key to the end in turn
             order.update(dict.fromkeys(filterfalse(order.__contains__, keys)))
             deque(map(order.move_to_end, keys), maxlen=0)
-
-    def discard_all(self, keys: Sequence[K]) -> None:
-        """Remove those of ``keys`` that are in the list."""
-        deque(map(self._order.pop, keys, repeat(None)), maxlen=0)
-        parked = self._parked
-        if parked:
-            for key in parked.keys() & keys:  # C-level: looks each key up in parked
-                del parked[key]
 
     def members(self, keys: Iterable[K]) -> list[K]:
         """Those of ``keys`` in the list, in order (C-level when none is parked)."""
