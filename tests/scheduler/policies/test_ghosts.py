@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.policies import ghosts
+from kvtier.scheduler.policies import entries
 from kvtier.scheduler.policies.ghosts import GhostList
 
 KEYS = st.sampled_from([BlockHash(bytes([i])) for i in range(6)])
@@ -60,14 +60,15 @@ class GhostMachine(RuleBasedStateMachine):
 
     @invariant()
     def dead_entries_are_counted_and_bounded(self) -> None:
-        dead = sum(self.ghosts._stale.values())
-        g = self.ghosts
-        assert len(list(g._entries())) == g._size == len(self.model) + dead
+        g = self.ghosts._queue
+        dead = sum(g._dead.values())
+        assert dead == g._n_dead
+        assert len(list(g.entries())) == g._size == len(self.model) + dead
         assert 0 <= g._head < len(g._ring) and g._size <= len(g._ring)
         free = len(g._ring) - g._size  # the slots outside the queue hold no key
         assert sum(k is None for k in g._ring) == free
         self.most = max(getattr(self, "most", 0), len(self.model))
-        assert dead <= self.most + ghosts.COMPACT_SLACK  # rebuilt past that
+        assert dead <= self.most + entries.COMPACT_SLACK  # rebuilt past that
 
 
 class SmallSlackGhostMachine(GhostMachine):
@@ -75,23 +76,23 @@ class SmallSlackGhostMachine(GhostMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._slack = ghosts.COMPACT_SLACK
-        ghosts.COMPACT_SLACK = 2
+        self._slack = entries.COMPACT_SLACK
+        entries.COMPACT_SLACK = 2
 
     def teardown(self) -> None:
-        ghosts.COMPACT_SLACK = self._slack
+        entries.COMPACT_SLACK = self._slack
 
 
 class SmallRingGhostMachine(GhostMachine):
     """The same in a ring of two slots at first, so that it wraps and grows often."""
 
     def __init__(self) -> None:
-        self._min_ring = ghosts.MIN_RING
-        ghosts.MIN_RING = 2
+        self._min_ring = entries.MIN_RING
+        entries.MIN_RING = 2
         super().__init__()
 
     def teardown(self) -> None:
-        ghosts.MIN_RING = self._min_ring
+        entries.MIN_RING = self._min_ring
 
 
 TestGhostList = GhostMachine.TestCase

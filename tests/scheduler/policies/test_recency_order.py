@@ -2,7 +2,7 @@
 
 A state machine drives two lists (``transfer`` moves keys between them) through
 every operation -- adds, touches (one, a batch with repeats, ``touch_listed``,
-``move_all_to_end``), removals (``remove``, ``discard_all``, ``remove_found``), the
+``move_all_to_end``), removals (``remove``, ``remove_found``), the
 manager's store (``coldest`` then ``remove_found`` of its answer) -- with holds and
 releases so keys get parked, and compares after every step the whole order (parked
 keys first, as they are the coldest), the victims ``coldest`` picks, ``first`` and
@@ -105,12 +105,6 @@ class RecencyMachine(RuleBasedStateMachine):
         if key in self.models[side]:
             self.lists[side].remove(key)
             del self.models[side][key]
-
-    @rule(side=SIDE, keys=st.lists(KEYS, max_size=6))
-    def discard_all(self, side: int, keys: list[str]) -> None:
-        self.lists[side].discard_all(keys)
-        for key in keys:
-            self.models[side].pop(key, None)
 
     @rule(side=SIDE, keys=st.lists(KEYS, max_size=6, unique=True))
     def remove_found(self, side: int, keys: list[str]) -> None:

@@ -25,8 +25,8 @@ a request is sampled by a CRC-32 of its first key (``sampling.is_sampled``).
 
 When the share shrinks, protected holds more than its share; until it is back
 within it, each victim is the older, by last use, of the two lists' coldest blocks
-(every block's last use is kept, as its value in a ``TimedRecencyList``), and at
-share 0 a reused block or a returning ghost goes to probation's hot end -- so share 0
+(every block's last use is kept, as its value in its list: ``policies/timed.py``), and
+at share 0 a reused block or a returning ghost goes to probation's hot end -- so share 0
 evicts as LRU does from the first eviction after the switch, and no call pays more
 than its own evictions. Eviction, pins and ghosts are ``slru``'s (held blocks are
 parked; eviction stays O(evicted)).
@@ -42,7 +42,7 @@ from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.slru import GHOST_FACTOR, PROTECTED_SHARE, SegmentedLRUPolicy
-from kvtier.scheduler.policies.timed import TimedRecencyList
+from kvtier.scheduler.policies.timed import TimedGhostedList, TimedRecencyList
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9)
 """Candidate protected shares (0.0 is LRU, 0.9 is ``slru``)."""
@@ -145,8 +145,8 @@ class AdaptivePolicy(SegmentedLRUPolicy):
     def __init__(self, capacity: int) -> None:
         # Both lists stamp each add and touch from one clock: the blocks' last uses.
         self._clock = itertools.count()
-        self._timed: tuple[TimedRecencyList[BlockHash], TimedRecencyList[BlockHash]] = (
-            TimedRecencyList(self._clock),
+        self._timed: tuple[TimedGhostedList[BlockHash], TimedRecencyList[BlockHash]] = (
+            TimedGhostedList(self._clock),
             TimedRecencyList(self._clock),
         )
         super().__init__(capacity, self._timed)

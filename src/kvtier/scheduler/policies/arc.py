@@ -23,6 +23,7 @@ from collections.abc import Collection, Sequence
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
+from kvtier.scheduler.policies.ghosted import GhostedList
 from kvtier.scheduler.policies.ghosts import GhostList
 from kvtier.scheduler.policies.recency import RecencyList
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
@@ -34,10 +35,12 @@ class ARCPolicy(SegmentedPolicy):
     name = "arc"
 
     def __init__(self, capacity: int) -> None:
-        self._t1: RecencyList[BlockHash] = RecencyList()
+        # T1 and B1 share one table (``policies/ghosted.py``): an evicted T1 block
+        # becomes a B1 ghost by a write in place.
+        self._t1: GhostedList[BlockHash] = GhostedList()
         self._t2: RecencyList[BlockHash] = RecencyList()
         super().__init__(capacity, (self._t1, self._t2))
-        self._b1 = GhostList()
+        self._b1 = self._t1.ghosts
         self._b2 = GhostList()
         self.p = 0
         # The last ``incoming`` batch ``choose_victims`` found to hold no ghost; see
@@ -165,16 +168,13 @@ class ARCPolicy(SegmentedPolicy):
         return from_t1 + from_t2
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        # Each victim leaves its list for that list's ghosts: one C-level pass over
-        # each list that holds some (the victims are T1's, then T2's, when ``choose``
-        # picked them).
-        from_t2 = self._t1.remove_found(victims)
+        # Each victim leaves its list for that list's ghosts: T1's become B1's in
+        # place (one C-level pass when they are T1's coldest, as ``choose`` picks
+        # them), then T2's, if any, leave T2 for B2.
+        from_t2 = self._t1.bury(victims)
         if from_t2:
             self._t2.remove_all(from_t2)
             self._b2.update(from_t2)
-            t2_keys = set(from_t2)
-            victims = [key for key in victims if key not in t2_keys]
-        self._b1.update(victims)
         # No trim: each victim moved from T1 to B1 or from T2 to B2, which leaves
         # |T1| + |B1| and the total as they were, within their bounds.
 

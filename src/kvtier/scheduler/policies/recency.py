@@ -47,10 +47,13 @@ from collections.abc import (
     Iterator,
     Sequence,
 )
-from itertools import chain, filterfalse, islice, repeat
-from typing import Generic, TypeVar
+from itertools import chain, filterfalse, islice
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from kvtier.scheduler.policies.base import HeldBlocks
+
+if TYPE_CHECKING:
+    from kvtier.scheduler.policies.ghosted import GhostedList
 
 K = TypeVar("K", bound=Hashable)
 
@@ -143,14 +146,6 @@ class RecencyList(Generic[K]):
         else:  # C-level: add the new keys, then move every key to the end in turn
             order.update(dict.fromkeys(filterfalse(order.__contains__, keys)))
             deque(map(order.move_to_end, keys), maxlen=0)
-
-    def discard_all(self, keys: Sequence[K]) -> None:
-        """Remove those of ``keys`` that are in the list."""
-        deque(map(self._order.pop, keys, repeat(None)), maxlen=0)
-        parked = self._parked
-        if parked:
-            for key in parked.keys() & keys:  # C-level: looks each key up in parked
-                del parked[key]
 
     def members(self, keys: Iterable[K]) -> list[K]:
         """Those of ``keys`` in the list, in order (C-level when none is parked)."""
@@ -256,7 +251,7 @@ class RecencyList(Generic[K]):
         """Every key, coldest first: the parked ones by parking order, then the list."""
         return sorted(self._parked, key=self._parked.__getitem__) + list(self._order)
 
-    def transfer(self, keys: Sequence[K], to: RecencyList[K]) -> None:
+    def transfer(self, keys: Sequence[K], to: RecencyList[K] | GhostedList[K]) -> None:
         """Move ``keys`` (distinct, each in this list, none in ``to``) to the hot end
         of ``to``, in order, each with its value (a demotion keeps the block's time)."""
         order, parked = self._order, self._parked
@@ -264,7 +259,12 @@ class RecencyList(Generic[K]):
             values = [order.pop(key) if key in order else parked.pop(key)[1] for key in keys]
         else:  # the usual case: one C-level pass
             values = list(map(order.pop, keys))
-        to._order.update(zip(keys, values, strict=True))
+        to.take_in(keys, values)
+
+    def take_in(self, keys: Sequence[K], values: Sequence[int | None]) -> None:
+        """Add keys not in the list, each with its value, in order, as the most
+        recent (``transfer`` to this list)."""
+        self._order.update(zip(keys, values, strict=True))
 
     def first(self) -> K:
         """The coldest key, held or not: the first key parked (parked keys are colder

@@ -2,18 +2,44 @@
 
 ARC keeps resident blocks in T1 and T2, segmented LRU in probation and protected. A
 block is in exactly one segment; removing or releasing it goes to that segment. Each
-segment is a ``RecencyList``, so held blocks are parked there and eviction stays
-proportional to the blocks evicted.
+segment is a ``RecencyList`` or a ``GhostedList`` (ARC's T1, sharing its table with
+B1): both park held blocks, so eviction stays proportional to the blocks evicted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterator, Sequence
 from itertools import chain
+from typing import Protocol
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
-from kvtier.scheduler.policies.recency import RecencyList
+
+
+class Segment(Protocol):
+    """What a segment answers: ``RecencyList`` and ``GhostedList`` do."""
+
+    def __len__(self) -> int: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def keys(self) -> Iterator[BlockHash]: ...
+
+    def remove(self, key: BlockHash) -> None: ...
+
+    def remove_found(self, keys: Sequence[BlockHash]) -> list[BlockHash]: ...
+
+    def release(self, key: BlockHash) -> None: ...
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None: ...
+
+    def coldest(
+        self, n: int, is_held: IsHeld, protected: Collection[BlockHash]
+    ) -> list[BlockHash] | None: ...
+
+    def evictable(
+        self, is_held: IsHeld, protected: Collection[BlockHash]
+    ) -> Generator[BlockHash, None, None]: ...
 
 
 class SegmentedPolicy(EvictionPolicy):
@@ -24,7 +50,7 @@ class SegmentedPolicy(EvictionPolicy):
         segments: the recency lists, each resident block in exactly one of them.
     """
 
-    def __init__(self, capacity: int, segments: Sequence[RecencyList[BlockHash]]) -> None:
+    def __init__(self, capacity: int, segments: Sequence[Segment]) -> None:
         super().__init__(capacity)
         self._segments = tuple(segments)
 
@@ -37,7 +63,7 @@ class SegmentedPolicy(EvictionPolicy):
     def keys(self) -> Iterator[BlockHash]:
         return chain.from_iterable(segment.keys() for segment in self._segments)
 
-    def _segment(self, key: BlockHash) -> RecencyList[BlockHash]:
+    def _segment(self, key: BlockHash) -> Segment:
         for segment in self._segments:  # a plain loop: this runs once per block moved
             if key in segment:
                 return segment
@@ -69,7 +95,7 @@ class SegmentedPolicy(EvictionPolicy):
         n: int,
         is_held: IsHeld,
         protected: Collection[BlockHash],
-        order: Sequence[RecencyList[BlockHash]],
+        order: Sequence[Segment],
     ) -> list[BlockHash] | None:
         """``n`` evictable blocks, the coldest of ``order[0]`` first, then of each next
         segment in turn; ``None`` when they hold fewer."""

@@ -23,8 +23,11 @@ SOSP'23)::
   that is how blocks whose reuse distance exceeds the tier still get in.
 
 Tuned on the synthetic trace and the generated chat workload (``docs/simulate.md``):
-protected share 0.9 and ghost 4 × capacity. Held blocks (being stored, or pinned)
-are never offered, as with every policy (``RecencyList`` parks them).
+protected share 0.9 and ghost 4 × capacity. Probation and the ghosts share one table
+(``GhostedList``, ``policies/ghosted.py``): an incoming key's ghost test and its insert
+probe the same slot, and an evicted probation block becomes a ghost in place. Held
+blocks (being stored, or pinned) are never offered, as with every policy (both lists
+park them).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from collections.abc import Collection, Sequence
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
-from kvtier.scheduler.policies.ghosts import GhostList
+from kvtier.scheduler.policies.ghosted import GhostedList
 from kvtier.scheduler.policies.recency import RecencyList
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
 
@@ -52,13 +55,13 @@ class SegmentedLRUPolicy(SegmentedPolicy):
     def __init__(
         self,
         capacity: int,
-        lists: tuple[RecencyList[BlockHash], RecencyList[BlockHash]] | None = None,
+        lists: tuple[GhostedList[BlockHash], RecencyList[BlockHash]] | None = None,
     ) -> None:
-        """``lists``: the probation and protected lists, empty (default: plain ones;
-        the adaptive policy passes timed ones)."""
-        self._probation, self._protected = lists or (RecencyList(), RecencyList())
+        """``lists``: the probation (with its ghosts) and protected lists, empty
+        (default: plain ones; the adaptive policy passes timed ones)."""
+        self._probation, self._protected = lists or (GhostedList(), RecencyList())
         super().__init__(capacity, (self._probation, self._protected))
-        self._ghost = GhostList()
+        self._ghost = self._probation.ghosts
         self._protected_cap = max(1, int(capacity * PROTECTED_SHARE))
         self._ghost_cap = max(1, GHOST_FACTOR * capacity)
 
@@ -115,9 +118,12 @@ class SegmentedLRUPolicy(SegmentedPolicy):
         return self._coldest_in_order(n, is_held, protected, (self._probation, self._protected))
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
-        self.remove_all(victims)
+        # Every victim becomes a ghost, in order: probation's in place (one C-level
+        # pass when they are its coldest), protected's leave protected.
+        from_protected = self._probation.bury(victims, all_ghosts=True)
+        if from_protected:
+            self._protected.remove_all(from_protected)
         ghost = self._ghost
-        ghost.update(victims)  # a resident key is never a ghost
         ghost.pop_oldest(len(ghost) - self._ghost_cap)
 
     def _enter(self, key: BlockHash) -> None:

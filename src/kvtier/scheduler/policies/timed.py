@@ -10,7 +10,9 @@ hash-table insert and delete per stored block, and one more write per touch)::
     add / touch of a key ─► the key's value = the clock's next value, in call order
 
 A key moved to another list by ``transfer`` (a demotion) keeps its time; a parked key
-keeps it while parked. Every method stamps each key it adds or touches once, in the
+keeps it while parked. ``TimedGhostedList`` does the same for a ``GhostedList`` (the
+probation list that shares its table with the ghosts), the time as the key's record.
+Every method stamps each key it adds or touches once, in the
 order of its keys, so a batch method leaves the same times as its per-key loop.
 
 The batch methods write the times of keys already in the list (just moved to the hot
@@ -27,6 +29,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from itertools import islice
 
+from kvtier.scheduler.policies.ghosted import GhostedList
 from kvtier.scheduler.policies.recency import K, RecencyList
 
 _set_held = dict.update
@@ -91,3 +94,32 @@ class TimedRecencyList(RecencyList[K]):
     def move_all_to_end(self, keys: Sequence[K]) -> None:
         super().move_all_to_end(keys)  # every key is in the order now
         _set_held(self._order, zip(keys, self._clock, strict=False))
+
+
+class TimedGhostedList(GhostedList[K]):
+    """A ``GhostedList`` whose keys carry their last-use time, stamped from ``clock``
+    (the adaptive policy's probation list, sharing its table with the ghosts): a
+    key's time is its record, written by the same insert as the key.
+
+    Args:
+        clock: the time source, shared by the lists whose times are compared.
+    """
+
+    __slots__ = ("_clock",)
+
+    def __init__(self, clock: Iterator[int]) -> None:
+        super().__init__()
+        self._clock = clock
+
+    def _stamps(self) -> Iterator[object]:
+        return self._clock  # map takes a key before a time: none is drawn past them
+
+    def time(self, key: K) -> int:
+        """The key's last-use time (it must be in the list, parked or not)."""
+        time = self._rec[key]
+        assert isinstance(time, int), "every key of a timed list has a time"
+        return time
+
+    def touch(self, key: K) -> None:
+        super().touch(key)
+        self._rec[key] = next(self._clock)
