@@ -449,15 +449,18 @@ class LeaderPolicy(EvictionPolicy):
                 tier.follow(evicted, stored)
         if gains.count(n) == len(gains):  # each shadow hit every key: none was evicted
             everywhere.update(keys)
-        squares = self._squares
-        for p, (i, j) in enumerate(self._pairs):
-            squares[p] += (gains[i] - gains[j]) ** 2
         self._left -= n
-        if self._left <= 0:
-            self._decide(clear=False)
-        elif self._clear_lead():
-            self._decide(clear=True)
-        elif self._challenger(self._decayed()) is not None:
+        if gains.count(gains[0]) < len(gains):  # some lead moved
+            squares = self._squares
+            for p, (i, j) in enumerate(self._pairs):
+                squares[p] += (gains[i] - gains[j]) ** 2
+            if self._left <= 0:
+                self._decide(clear=False)
+            elif self._clear_lead():
+                self._decide(clear=True)
+            elif self._challenger(self._decayed()) is not None:
+                self._decide(clear=False)
+        elif self._left <= 0:  # else no early decision, as on the fast path above
             self._decide(clear=False)
 
     def _clear_lead(self) -> bool:
