@@ -8,12 +8,12 @@ be from the same commit's cell run). Variants:
 * ``rebuilt_r1``: the sampled mode's tier (a real instance of the leader's policy,
   rebuilt at a switch) at every capacity, with full-size shadows (R = 1);
 * ``sampled_<n>``: sampling at every capacity that leaves shadows of >= ``n`` keys;
-* ``margin_<x>``, ``decay_<x>``, ``early_<x>``: another ``MARGIN``, ``DECAY`` or
-  ``EARLY`` (``early_inf``: the rule without early decisions);
+* ``margin_<x>``, ``decay_<x>``, ``early_<x>``, ``significance_<x>``: another
+  ``MARGIN``, ``DECAY``, ``EARLY`` or ``SIGNIFICANCE`` (``early_inf``: the rule
+  without ``EARLY`` decisions; ``significance_0``: the rule before ``SIGNIFICANCE``,
+  where the best decayed score leads);
 * ``first_<n>``: the first decision after ``n`` windows;
-* ``sig_<k>``: a switch at a window's end only on a lead of more than ``k`` standard
-  deviations of the two shadows' decayed per-request hit differences; ``sigfree_<k>``:
-  the same but for the first decision;
+* ``efirst_<k>``: ``EARLY`` = ``k`` until the first switch away from ``START``;
 * ``window_<n>``: another ``WINDOW_MIN``;
 * several at once, joined by ``+`` (``window_16384+early_3``).
 
@@ -28,7 +28,6 @@ compare with, e.g. one of other seeds (``policy_cells.py --seeds 4,5``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -81,10 +80,10 @@ def _patch_one(variant: str) -> None:
         leader.EARLY = float(variant.removeprefix("early_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
-    elif variant.startswith("sig_"):
-        _significant(float(variant.removeprefix("sig_")))
-    elif variant.startswith("sigfree_"):  # no test at the first decision
-        _significant(float(variant.removeprefix("sigfree_")), first=False)
+    elif variant.startswith("significance_"):
+        leader.SIGNIFICANCE = float(variant.removeprefix("significance_"))
+    elif variant.startswith("efirst_"):  # another EARLY until the first switch
+        _early_first(float(variant.removeprefix("efirst_")))
     elif variant.startswith("sampled_"):
         sampling.FULL_SHADOWS_BELOW = 0
         sampling.SAMPLED_SHADOW_BLOCKS = int(variant.removeprefix("sampled_"))
@@ -92,64 +91,27 @@ def _patch_one(variant: str) -> None:
         raise SystemExit(f"unknown variant {variant!r}")
 
 
-def _significant(k: float, first: bool = True) -> None:
-    """``sig_<k>``: at a window's end a challenger takes the lead only if its decayed
-    score leads the leader's by more than ``k`` standard deviations: ``k`` times the
-    square root of the sum, over the requests, of the squared per-request difference of
-    the two shadows' hits, each weighted by the square of its window's decay weight
-    (the scores' weights). Early decisions are unchanged. ``first`` false
-    (``sigfree_<k>``): not at the first decision, which leaves ``START``, a leader no
-    evidence chose."""
+def _early_first(k: float) -> None:
+    """``efirst_<k>``: ``EARLY`` = ``k`` until the tier first leaves ``START`` (a leader
+    no evidence chose), the shipped ``EARLY`` after."""
     from kvtier.scheduler.policies import leader
 
-    observe, decide = leader.LeaderPolicy.observe, leader.LeaderPolicy._decide
+    clear, decide = leader.LeaderPolicy._clear_lead, leader.LeaderPolicy._decide
+    shipped = leader.EARLY
 
-    def fold(self: leader.LeaderPolicy) -> None:  # this request's squared differences
-        gains = [s.hits - b for s, b in zip(self._shadows, self._before, strict=True)]
-        window = self._pair_window
-        for i, gi in enumerate(gains):
-            for j, gj in enumerate(gains):
-                window[i][j] += (gi - gj) ** 2
-        self._before = [s.hits for s in self._shadows]
-
-    def observed(self: leader.LeaderPolicy, keys):  # type: ignore[no-untyped-def]
-        n = len(self._shadows)
-        if not hasattr(self, "_pair_window"):
-            self._pair_window = [[0] * n for _ in range(n)]
-            self._pair_decayed = [[0.0] * n for _ in range(n)]
-            self._before = [0] * n
-        self._before = [s.hits for s in self._shadows]
-        observe(self, keys)
-        if any(s.hits for s in self._shadows):  # no decision in this request
-            fold(self)
-
-    def decided(self: leader.LeaderPolicy) -> None:
-        fold(self)
-        n = len(self._shadows)
-        for i in range(n):
-            for j in range(n):
-                self._pair_decayed[i][j] = (
-                    self._pair_decayed[i][j] * leader.DECAY**2 + self._pair_window[i][j]
-                )
-                self._pair_window[i][j] = 0
-        lead = self._leader
-        pairs = zip(self._scores, self._shadows, strict=True)
-        scores = [score * leader.DECAY + shadow.hits for score, shadow in pairs]
-        best = max(range(n), key=scores.__getitem__)
-        noise = k * self._pair_decayed[best][lead] ** 0.5
-        early = self._left > 0  # an early decision keeps its own test
-        margin = leader.MARGIN
-        tested = first or getattr(self, "_decisions", 0) > 0
-        self._decisions = getattr(self, "_decisions", 0) + 1
-        if tested and not early and scores[best] - scores[lead] <= noise:
-            leader.MARGIN = math.inf  # within noise: the leader stays
+    def cleared(self: leader.LeaderPolicy) -> bool:
+        leader.EARLY = shipped if getattr(self, "_left_start", False) else k
         try:
-            decide(self)
+            return clear(self)
         finally:
-            leader.MARGIN = margin
-        self._before = [0] * n
+            leader.EARLY = shipped
 
-    leader.LeaderPolicy.observe = observed  # type: ignore[method-assign]
+    def decided(self: leader.LeaderPolicy, clear: bool) -> None:
+        decide(self, clear)
+        if self._leader != leader.START:
+            self._left_start = True
+
+    leader.LeaderPolicy._clear_lead = cleared  # type: ignore[method-assign]
     leader.LeaderPolicy._decide = decided  # type: ignore[method-assign]
 
 
@@ -170,6 +132,7 @@ def main() -> None:
     with ProcessPoolExecutor(2) as pool:
         results = list(pool.map(_job, [(w, variant) for w in rows]))
     counts = [0, 0, 0]
+    net = lost = 0
     for workload, hits in results:
         ref = rows[workload]["hit_blocks"]
         best = [max(a, b) for a, b in zip(ref["lru"], ref["arc"], strict=True)]
@@ -177,10 +140,13 @@ def main() -> None:
         in_step = [h - b for h, b in zip(hits, ref["leader"], strict=True)]
         for d in diffs:
             counts[0 if d > 0 else 1 if d == 0 else 2] += 1
+        net += sum(diffs)
+        lost += sum(d for d in diffs if d < 0)
         print(f"{workload:>16}: vs max(lru, arc) {diffs}  vs shipped leader {in_step}")
     load = os.getloadavg()
     print(
         f"{variant}: above {counts[0]}, equal {counts[1]}, below {counts[2]}; "
+        f"net {net:+,}, lost {lost:+,}; "
         f"{time.perf_counter() - start:.0f} s, load average {load[0]:.2f}"
     )
 

@@ -477,10 +477,15 @@ class LeaderModel(EvictionPolicy):
     Every ``window`` looked-up keys, or every quarter of the capacity when that is
     more (divided by R: sampled keys), the scores are decayed and the shadows' hits
     added; the first best score takes the lead when it exceeds the leader's by the
-    margin (in step, the tier's blocks are then re-split in list order). The same
-    decision comes sooner, after any (sampled) request, when some shadow's hits since
-    the last decision exceed the leader's by more than ``early`` times the square root
-    of the sum, over those requests, of the squared difference of the two's hits.
+    margin and by more than ``significance`` times the square root of the two's
+    spread: the sum over every past request of the squared difference of their hits,
+    weighted by ``decay`` squared per decision since (in step, the tier's blocks are
+    then re-split in list order). A decision comes sooner, after any (sampled)
+    request: when some shadow's hits since the last decision exceed the leader's by
+    more than ``early`` times the square root of the sum, over those requests, of the
+    squared difference of the two's hits (then the margin alone decides), or when a
+    decision then would hand the lead over. (A lead within a relative 1e-9 of the
+    bar is not over it: one request's difference is exactly one standard deviation.)
     """
 
     name = "leader"
@@ -494,6 +499,7 @@ class LeaderModel(EvictionPolicy):
         decay: float,
         margin: float,
         early: float,
+        significance: float,
         rate: int = 1,
     ) -> None:
         super().__init__(capacity)
@@ -506,7 +512,12 @@ class LeaderModel(EvictionPolicy):
         self.decay = decay
         self.margin = margin
         self.early = early
+        self.significance = significance
         self.since: list[tuple[int, ...]] = []  # per-request hits since deciding
+        # per pair of shadows: the decisions' decayed sums of squared hit differences
+        self.spreads = {
+            (i, j): 0.0 for i in range(len(self.shadows)) for j in range(len(self.shadows))
+        }
         self.kept: list[BlockHash] = []
         self.extra: list[BlockHash] = []
         self.tier = CANDIDATE_MODELS[start](capacity)
@@ -549,13 +560,32 @@ class LeaderModel(EvictionPolicy):
         gained = [shadow.hits - hits for shadow, hits in zip(self.shadows, before, strict=True)]
         self.since.append(tuple(gained))
         self.left -= len(keys)
-        if self.left <= 0 or self._clearly_led():
+        ends = self.left <= 0
+        clear = not ends and self._clearly_led()
+        scores = [
+            score * self.decay + shadow.hits
+            for score, shadow in zip(self.scores, self.shadows, strict=True)
+        ]
+        spreads = {
+            (i, j): spread * self.decay**2 + sum((hits[i] - hits[j]) ** 2 for hits in self.since)
+            for (i, j), spread in self.spreads.items()
+        }
+        best = scores.index(max(scores))
+        lead = scores[best] - scores[self.leader]
+        switch = (
+            best != self.leader
+            and scores[best] > scores[self.leader] * (1 + self.margin)
+            and (
+                clear
+                or lead > self.significance * math.sqrt(spreads[best, self.leader] * (1 + 1e-9))
+            )
+        )
+        if ends or clear or switch:
             self.since = []
-            for i, shadow in enumerate(self.shadows):
-                self.scores[i] = self.scores[i] * self.decay + shadow.hits
+            self.scores, self.spreads = scores, spreads
+            for shadow in self.shadows:
                 shadow.hits = 0
-            best = self.scores.index(max(self.scores))
-            if self.scores[best] > self.scores[self.leader] * (1 + self.margin):
+            if switch:
                 self.leader = best
                 if self.rate > 1:
                     self.pending = best
@@ -652,6 +682,7 @@ def _leader_model(capacity: int) -> EvictionPolicy:
         decay=leader.DECAY,
         margin=leader.MARGIN,
         early=leader.EARLY,
+        significance=leader.SIGNIFICANCE,
         rate=sampling.sample_rate(capacity),
     )
 

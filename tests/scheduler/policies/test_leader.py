@@ -30,6 +30,7 @@ def test_a_leader_that_never_changes_is_exactly_that_policy(
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
     monkeypatch.setattr(leader, "EARLY", math.inf)  # not even early
+    monkeypatch.setattr(leader, "SIGNIFICANCE", math.inf)  # nor on a significant lead
     trace = generate(replace(shaped("mixed", 7), requests=300))
     for capacity in (20, 150, 600):
         want = replay(trace, capacity, name).ratios.hit_blocks
@@ -61,6 +62,7 @@ def test_manager_over_leader_matches_manager_over_its_model(
             decay=leader.DECAY,
             margin=0.0,
             early=leader.EARLY,
+            significance=leader.SIGNIFICANCE,
         )
         real, twin = manager_for(policy, capacity), manager_for(model, capacity)
         for ids, load, ok in reqs:
@@ -143,8 +145,8 @@ def test_the_fast_path_changes_no_shadow(shape: str, capacity: int) -> None:
         took_fast += fast._everywhere.issuperset(keys)
         fast.observe(keys)
         slow.observe(keys)
-        state = (fast._leader, fast._left, fast._squares)
-        assert state == (slow._leader, slow._left, slow._squares)
+        state = (fast._leader, fast._left, fast._squares, fast._spreads, fast._scores)
+        assert state == (slow._leader, slow._left, slow._squares, slow._spreads, slow._scores)
         for a, b in zip(fast._shadows, slow._shadows, strict=True):
             assert a.hits == b.hits and a.resident == b.resident
             assert pickle.dumps(a.policy) == pickle.dumps(b.policy)  # its whole state
@@ -172,7 +174,13 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
     monkeypatch.setattr(leader, "WINDOW_MIN", 1)
     policy = LeaderPolicy(8)
     model = LeaderModel(
-        8, start=0, window=1, decay=leader.DECAY, margin=leader.MARGIN, early=leader.EARLY
+        8,
+        start=0,
+        window=1,
+        decay=leader.DECAY,
+        margin=leader.MARGIN,
+        early=leader.EARLY,
+        significance=leader.SIGNIFICANCE,
     )
     tier, twin, lru = (
         manager_for(policy, 8),
@@ -198,17 +206,31 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
     assert hits["leader"] > hits["lru"]
 
 
-@pytest.mark.parametrize("early", [4.0, math.inf])
-def test_a_clear_lead_ends_a_window_early(monkeypatch: pytest.MonkeyPatch, early: float) -> None:
+@pytest.mark.parametrize(
+    ("early", "significance", "last"),
+    [(4.0, math.inf, "slru"), (math.inf, math.inf, "lru"), (math.inf, 1.0, "slru")],
+)
+def test_a_clear_or_significant_lead_ends_a_window_early(
+    monkeypatch: pytest.MonkeyPatch, early: float, significance: float, last: str
+) -> None:
     """Issue 14: a window of 8,192 keys is up to 80 capacities of a small tier, and a
     policy 20 % behind cost the tier 200-300 blocks before the first decision. Here
-    the window never ends; with ``EARLY`` 4 the scan-resistant shadows' lead still
-    hands them the tier (step for step as the model), with ``EARLY`` inf it does not."""
+    the window never ends; with ``EARLY`` 4, or with ``SIGNIFICANCE`` 1 alone (a lead
+    of one standard deviation of the decayed per-request differences, tested after
+    every request), the scan-resistant shadows' lead still hands them the tier (step
+    for step as the model); with neither it does not."""
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)
     monkeypatch.setattr(leader, "EARLY", early)
+    monkeypatch.setattr(leader, "SIGNIFICANCE", significance)
     policy = LeaderPolicy(8)
     model = LeaderModel(
-        8, start=0, window=10**12, decay=leader.DECAY, margin=leader.MARGIN, early=early
+        8,
+        start=0,
+        window=10**12,
+        decay=leader.DECAY,
+        margin=leader.MARGIN,
+        early=early,
+        significance=significance,
     )
     tier, twin = manager_for(policy, 8), manager_for(model, 8)
     leaders = []
@@ -223,4 +245,4 @@ def test_a_clear_lead_ends_a_window_early(monkeypatch: pytest.MonkeyPatch, early
         assert policy.sizes == model.sizes, f"step {step}"
         assert policy.leader == CANDIDATE_NAMES[model.leader]
         leaders.append(policy.leader)
-    assert leaders[-1] == ("lru" if early == math.inf else "slru")
+    assert leaders[-1] == last

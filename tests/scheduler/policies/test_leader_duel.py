@@ -52,6 +52,7 @@ def _run(
     margin: float,
     reqs: list[tuple[list[int], bool, bool]],
     early: float = math.inf,
+    significance: float = 0.0,
 ) -> list[str]:
     """Serve ``reqs`` through two managers, over the policy and over its model; after
     every request compare hits, stores, the leader, list sizes and eviction order."""
@@ -59,10 +60,17 @@ def _run(
     monkeypatch.setattr(leader, "WINDOW_MIN", window)
     monkeypatch.setattr(leader, "MARGIN", margin)
     monkeypatch.setattr(leader, "EARLY", early)
+    monkeypatch.setattr(leader, "SIGNIFICANCE", significance)
     policy = make_policy("leader", capacity)
     assert isinstance(policy, LeaderPolicy)
     model = LeaderModel(
-        capacity, start=start, window=window, decay=leader.DECAY, margin=margin, early=early
+        capacity,
+        start=start,
+        window=window,
+        decay=leader.DECAY,
+        margin=margin,
+        early=early,
+        significance=significance,
     )
     real, twin = manager_for(policy, capacity), manager_for(model, capacity)
     leaders: list[str] = []
@@ -94,16 +102,17 @@ def _random_requests(seed: int, n: int, keys: int) -> list[tuple[list[int], bool
     ]
 
 
+@pytest.mark.parametrize("significance", [0.0, 1.0])
 @pytest.mark.parametrize("early", [math.inf, 1.0])
 @pytest.mark.parametrize("margin", [0.0, 0.3, 0.9])
 @pytest.mark.parametrize("start", [0, 1, 2])
 def test_the_tier_follows_its_model_from_any_start_with_any_margin(
-    monkeypatch: pytest.MonkeyPatch, start: int, margin: float, early: float
+    monkeypatch: pytest.MonkeyPatch, start: int, margin: float, early: float, significance: float
 ) -> None:
     seen: set[str] = set()
     for seed, capacity, window in ((1, 4, 6), (2, 6, 9), (3, 3, 4), (4, 8, 16)):
         reqs = _random_requests(seed, 250, 3 * capacity)
-        seen.update(_run(monkeypatch, capacity, start, window, margin, reqs, early))
+        seen.update(_run(monkeypatch, capacity, start, window, margin, reqs, early, significance))
     assert len(seen) >= 2  # the lead did change hands
 
 
@@ -120,6 +129,7 @@ requests = st.lists(
     window=st.integers(1, 12),
     margin=st.sampled_from([0.0, 0.3, 0.9]),
     early=st.sampled_from([math.inf, 4.0, 1.0, 0.5]),
+    significance=st.sampled_from([math.inf, 1.0, 0.5, 0.0]),
     reqs=requests,
 )
 def test_the_tier_follows_its_model_on_any_requests(
@@ -128,10 +138,11 @@ def test_the_tier_follows_its_model_on_any_requests(
     window: int,
     margin: float,
     early: float,
+    significance: float,
     reqs: list[tuple[list[int], bool, bool]],
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
-        _run(mp, capacity, start, window, margin, reqs, early)
+        _run(mp, capacity, start, window, margin, reqs, early, significance)
 
 
 def test_a_tie_keeps_the_leader(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,8 +38,10 @@ def test_an_in_step_tier_follows_lru_first_then_the_leader_it_switches_to(
 ) -> None:
     """A decision after every request (window 1): a block used twice survives a scan
     of four in ARC and SLRU but not in LRU, so its return hands the lead to ARC (the
-    first of the two tied best)."""
+    first of the two tied best; ``SIGNIFICANCE`` 0: one request's lead is exactly one
+    standard deviation, not more)."""
     monkeypatch.setattr(leader, "WINDOW_MIN", 1)
+    monkeypatch.setattr(leader, "SIGNIFICANCE", 0.0)
     policy = LeaderPolicy(4)
     assert policy.sample_rate == 1
     assert (policy.leader, policy.follows) == ("lru", "lru")

@@ -53,6 +53,7 @@ def test_a_sampled_leader_that_never_changes_is_exactly_that_policy(
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
     monkeypatch.setattr(leader, "EARLY", math.inf)  # not even early
+    monkeypatch.setattr(leader, "SIGNIFICANCE", math.inf)  # nor on a significant lead
     trace = generate(replace(shaped("mixed", 7), requests=300))
     for capacity in (20, 150, 600):
         assert make_policy("leader", capacity).sample_rate > 1  # type: ignore[attr-defined]
@@ -67,6 +68,7 @@ def _run(
     window: int,
     reqs: list[tuple[list[int], bool, bool]],
     early: float = leader.EARLY,
+    significance: float = leader.SIGNIFICANCE,
 ) -> list[str]:
     """Serve ``reqs`` through managers over the policy and over its model; after every
     request compare hits, stores, evictions, the leader, the policy the tier follows,
@@ -75,6 +77,7 @@ def _run(
     mp.setattr(leader, "START", start)
     mp.setattr(leader, "WINDOW_MIN", window)
     mp.setattr(leader, "EARLY", early)
+    mp.setattr(leader, "SIGNIFICANCE", significance)
     policy = make_policy("leader", capacity)
     assert isinstance(policy, LeaderPolicy)
     rate = policy.sample_rate
@@ -86,6 +89,7 @@ def _run(
         decay=leader.DECAY,
         margin=leader.MARGIN,
         early=early,
+        significance=significance,
         rate=rate,
     )
     real, twin = manager_for(policy, capacity), manager_for(model, capacity)
@@ -147,13 +151,19 @@ requests = st.lists(
     start=st.integers(0, 2),
     window=st.integers(1, 12),
     early=st.sampled_from([math.inf, 4.0, 1.0]),
+    significance=st.sampled_from([math.inf, 1.0, 0.0]),
     reqs=requests,
 )
 def test_the_sampled_tier_follows_its_model_on_any_requests(
-    capacity: int, start: int, window: int, early: float, reqs: list[tuple[list[int], bool, bool]]
+    capacity: int,
+    start: int,
+    window: int,
+    early: float,
+    significance: float,
+    reqs: list[tuple[list[int], bool, bool]],
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
-        _run(mp, capacity, start, window, reqs, early)
+        _run(mp, capacity, start, window, reqs, early, significance)
 
 
 def _serve(m: TierManager, ids: list[int]) -> int:
