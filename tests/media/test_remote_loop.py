@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -471,3 +472,129 @@ def test_an_idle_connection_is_readable_only_when_closed_or_out_of_step() -> Non
         a.recv(16)
         b.close()
         assert remote_loop._readable(a)
+
+
+# -- found in review ----------------------------------------------------------------
+
+
+def test_the_store_closed_under_the_loop_fails_nothing_and_the_thread_goes_on(
+    server: RedisServer, clock: Clock
+) -> None:
+    """``store.close()`` (a later call reconnects) while the loop holds idle lent
+    connections: the next batch reconnects and loads (a closed socket's ``fileno``
+    of -1 once killed the loop's thread, and every later job hung)."""
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(6)], [payload(i) for i in range(6)]
+    try:
+        assert run(loop, [(Op.STORE, keys, data)])[0].error is None
+        store.close()
+        outs = [np.zeros(BLOCK, np.uint8) for _ in keys]
+        (result,) = run(loop, [(Op.LOAD, keys, outs)])
+        assert result.error is None and all(o is ReadOutcome.HIT for o in result.outcomes)
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_an_unforeseen_error_fails_the_batches_held_and_the_loop_goes_on(
+    server: RedisServer, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    real, calls = remote_loop._Multiplexer._command, [0]
+
+    def command(self: Any, value: Any) -> list[Any]:
+        calls[0] += 1
+        if calls[0] == 3:  # the third value of the first batch: a bug
+            raise RuntimeError("a bug in the loop")
+        return real(self, value)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(remote_loop._Multiplexer, "_command", command)
+    keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
+    try:
+        (first,) = run(loop, [(Op.STORE, keys, data)])
+        assert "a bug in the loop" in (first.error or "")
+        (second,) = run(loop, [(Op.STORE, keys, data)])  # a new thread's pass
+        assert second.error is None
+    finally:
+        loop.close()
+        store.close()
+
+
+def test_a_refusal_after_a_lost_connection_does_not_mark_the_store_healthy(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    """One value's connection is lost (a failure of the store), another value of the
+    same batch is refused (``-OOM``): the batch fails and the store stays in its
+    outage (the refusal once recorded a success, undoing the failure)."""
+    small_windows(monkeypatch, 1)
+    lost = threading.Event()
+
+    class LosesThenRefuses(ScriptedRedis):
+        def _serve(self, conn: socket.socket) -> None:
+            with conn:
+                stream = conn.makefile("rb")
+                while (args := _read_command(stream)) is not None:
+                    verb = args[0].upper()
+                    if verb == b"HELLO":
+                        conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                    elif verb == b"SET" and args[1].endswith(key(0).hex().encode()):
+                        conn.shutdown(socket.SHUT_RDWR)
+                        lost.set()
+                        return
+                    elif verb == b"SET":
+                        lost.wait(30)
+                        time.sleep(0.2)  # the loss is seen first (else: no outage to undo)
+                        conn.sendall(b"-OOM command not allowed\r\n")
+                    else:
+                        conn.sendall(b"+OK\r\n")
+
+    fake = LosesThenRefuses()
+    store = open_store(fake.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    try:
+        (result,) = run(loop, [(Op.STORE, [key(0), key(1)], [payload(0), payload(1)])])
+        assert result.error is not None
+        assert store.outages == 1 and not store.healthy
+    finally:
+        loop.close()
+        store.close()
+        fake.close()
+
+
+def test_idle_connections_closed_while_the_loop_was_busy_are_polled_before_use(
+    monkeypatch: pytest.MonkeyPatch, server: RedisServer, clock: Clock
+) -> None:
+    """The server closes the loop's idle connections while its thread runs a report
+    (``on_done``), which queues the next load: the loop never selects in between, so
+    only the zero-timeout poll of idle connections finds them closed. The load
+    succeeds on new connections, with no outage."""
+    small_windows(monkeypatch, 2)
+    store = open_store(server.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    keys, data = [key(i) for i in range(6)], [payload(i) for i in range(6)]
+    outs = [np.zeros(BLOCK, np.uint8) for _ in keys]
+    results: list[BatchResult] = []
+    done = threading.Event()
+    try:
+        assert run(loop, [(Op.STORE, keys, data)])[0].error is None
+
+        def in_loop(_: BatchResult) -> None:
+            with server.client() as c:
+                me = c.client_id()
+                for client in c.client_list():
+                    if int(client["id"]) != me:
+                        c.client_kill_filter(_id=int(client["id"]))
+                while any(int(client["id"]) != me for client in c.client_list()):
+                    time.sleep(0.001)
+            loop.submit(Op.LOAD, keys, outs, lambda r: (results.append(r), done.set()))
+
+        loop.submit(Op.LOAD, [], [], in_loop)  # an empty batch: reported in the loop
+        assert done.wait(60)
+        assert results[0].error is None and store.outages == 0
+        assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
+    finally:
+        loop.close()
+        store.close()

@@ -185,7 +185,7 @@ class RemoteStore:
             conn = link.lend()
         except _STORE_ERRORS as e:
             self.breaker.record_failure(repr(e))
-            raise TransferError(f"remote store failed: {e!r}") from e
+            raise TransferError(f"remote store failed: {type(e).__name__}: {e}") from e
         return conn, partial(link.give_back, conn)
 
     # -- batches ---------------------------------------------------------------------
@@ -343,7 +343,7 @@ class RemoteStore:
             result = fn(self._connect())
         except _STORE_ERRORS as e:
             self.breaker.record_failure(repr(e))
-            raise TransferError(f"remote store failed: {e!r}") from e
+            raise TransferError(f"remote store failed: {type(e).__name__}: {e}") from e
         except BaseException as e:  # a bug; the probe must not stay in flight forever
             self.breaker.record_failure(repr(e))
             raise

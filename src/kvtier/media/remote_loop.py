@@ -198,7 +198,8 @@ class RemoteLoop:
 
     def _run(self) -> None:
         if self._store.multiplexable:
-            _Multiplexer(self).run()
+            while not _Multiplexer(self).run():
+                pass  # it failed what it held: a fresh one goes on with the inbox
             return
         while True:
             batch = self._next(block=True)
@@ -250,12 +251,18 @@ def _run_blocking(store: RemoteStore, batch: _Batch) -> None:
         for page in batch.pages:
             page[:] = 0
         outcomes = (ReadOutcome.MISS,) * len(batch.keys)
-    batch.on_done(BatchResult(error, outcomes, time.perf_counter() - start))
+    try:
+        batch.on_done(BatchResult(error, outcomes, time.perf_counter() - start))
+    except Exception:
+        logger.exception("a remote batch's on_done raised")
 
 
 def _readable(sock: Any) -> bool:
     """Whether an idle connection has something to read now: the server closed it,
-    or it holds bytes nobody asked for. Either way it must not carry a new request."""
+    or it holds bytes nobody asked for, or it was closed under the loop (``store.close``).
+    Either way it must not carry a new request."""
+    if sock.fileno() < 0:
+        return True
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return bool(poller.poll(0))
@@ -275,33 +282,58 @@ class _Multiplexer:
         self.sel = selectors.DefaultSelector()
         self.sel.register(loop._waker_r, selectors.EVENT_READ, None)
 
-    def run(self) -> None:
-        loop = self.loop
+    def run(self) -> bool:
+        """Serve until the loop closes (True), or until something unforeseen raises
+        (False, every batch it held failed): never a dead thread with jobs waiting."""
         try:
-            while True:
-                self._admit()
-                self._assign()
-                busy = [c for c in self.conns if c is not None and c.waiting]
-                if self.queue and not busy:
-                    continue  # a connection was lost while sending: open another
-                now = time.monotonic()
-                expired = [c for c in busy if c.deadline <= now]
-                for c in expired:
-                    self._lost(c, TimeoutError(f"no reply in {self.timeout_s} s"))
-                if expired:
-                    continue
-                with loop._lock:
-                    if loop._inbox:
-                        continue
-                    if not busy and loop._closing:
-                        return
-                    loop._sleeping = True
-                self._select(min(c.deadline for c in busy) - now if busy else None)
+            self._serve()
+            return True
+        except Exception as e:  # a bug: the batches fail, the thread goes on
+            logger.exception("remote %s I/O loop failed; starting it again", self.loop._name)
+            self._fail_all(f"remote I/O loop failed: {type(e).__name__}: {e}")
+            return False
         finally:
             for held in self.conns:
                 if held is not None:
                     held.close()
             self.sel.close()
+
+    def _fail_all(self, why: str) -> None:
+        values = list(self.queue)
+        self.queue.clear()
+        for conn in self.conns:
+            if conn is not None:
+                values += conn.waiting
+                conn.waiting.clear()
+        for value in values:
+            value.batch.error = value.batch.error or why
+            value.batch.refused.clear()
+            try:
+                self._settle(value, ReadOutcome.MISS)
+            except Exception:  # the batch's report itself failed: nothing more to do
+                logger.exception("failing a remote batch raised")
+
+    def _serve(self) -> None:
+        loop = self.loop
+        while True:
+            self._admit()
+            self._assign()
+            busy = [c for c in self.conns if c is not None and c.waiting]
+            if self.queue and not busy:
+                continue  # a connection was lost while sending: open another
+            now = time.monotonic()
+            expired = [c for c in busy if c.deadline <= now]
+            for c in expired:
+                self._lost(c, TimeoutError(f"no reply in {self.timeout_s} s"))
+            if expired:
+                continue
+            with loop._lock:
+                if loop._inbox:
+                    continue
+                if not busy and loop._closing:
+                    return
+                loop._sleeping = True
+            self._select(min(c.deadline for c in busy) - now if busy else None)
 
     def _select(self, timeout: float | None) -> None:
         ready = self.sel.select(timeout)
@@ -418,8 +450,8 @@ class _Multiplexer:
                 if batch.error is not None and not batch.refused:
                     self._settle(value)
                     continue
+                conn.waiting.append(value)  # first: held somewhere if ``_command`` raises
                 buffers += self._command(value)
-                conn.waiting.append(value)
                 room -= 1
             if buffers:
                 if was_idle:
@@ -523,7 +555,8 @@ class _Multiplexer:
         if line == b"+OK":
             self._settle(value)
         elif line.startswith(b"-"):  # refused (OOM, ...): the batch fails, the store is fine
-            value.batch.refused.append(line[1:].decode(errors="replace"))
+            if value.batch.error is None:  # unless a connection of the batch was lost
+                value.batch.refused.append(line[1:].decode(errors="replace"))
             self._settle(value)
         else:
             raise RedisConnectionError(f"unexpected reply to SET: {line[:40]!r}")
