@@ -17,18 +17,11 @@ from kvtier.errors import TransferError
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
 
+from ..fake_clock import Clock
 from ..redis_server import RedisServer
 
 FP = b"\x44" * 32
 BLOCK = 32 * 1024
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def key(i: int) -> bytes:

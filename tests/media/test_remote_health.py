@@ -9,17 +9,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from ..fake_clock import Clock
 
 
 def breaker(draw: float = 0.0, **kw: float) -> tuple[CircuitBreaker, Clock]:
-    clock = Clock()
+    clock = Clock(100.0)
     return CircuitBreaker(Backoff(**kw), clock=clock, rng=lambda: draw), clock
 
 
@@ -99,7 +93,7 @@ class BreakerMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
+        self.clock = Clock(100.0)
         self.draw = 0.0
         self.backoff = Backoff(base_s=0.5, max_s=4.0, jitter=0.5)
         self.b = CircuitBreaker(self.backoff, clock=self.clock, rng=lambda: self.draw)

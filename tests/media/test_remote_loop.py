@@ -28,18 +28,11 @@ from kvtier.media.circuit_breaker import Backoff, CircuitBreaker
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
 from kvtier.media.remote_loop import BatchResult, Op, RemoteLoop
 
+from ..fake_clock import Clock
 from ..redis_server import RedisServer
 
 FP = b"\x5a" * 32
 BLOCK = 3000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def key(i: int) -> bytes:

@@ -18,21 +18,14 @@ from kvtier.media.remote import RemoteOptions, RemoteStore
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 
-from ..media.test_remote import run_in_forked_child
+from ..fake_clock import Clock
+from ..forking import run_in_forked_child
 from ..media.test_remote_loop import ScriptedRedis
 from ..redis_server import RedisServer
 
 FP = b"\x66" * 32
 BLOCK = 16 * 1024
 NUM = 16
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def key(i: int) -> BlockHash:
