@@ -19,13 +19,12 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import statistics
 import sys
 from functools import partial
 from typing import Any
 
 import numpy as np
-from remote_probes import measured, read_in_threads, write_in_threads
+from remote_probes import measured, median_rows, read_in_threads, write_in_threads
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -74,13 +73,9 @@ def main() -> None:
                         got = measured(run, TOTAL, url)
                         if rep:
                             runs.setdefault(f"{op} {t}x{d} {package}", []).append(got)
-    rows = []
-    for name, got in runs.items():
-        row: dict[str, Any] = {"pass": name}
-        for k in got[0]:
-            row[k] = round(statistics.median(r[k] for r in got), 3)
-            row[k + "_runs"] = [round(r[k], 3) for r in got]
-        rows.append(row)
+    rows = median_rows(runs)
+    for row in rows:
+        name = row["pass"]
         print(
             f"{name:24} GB/s {row['gbps']:.3f}  client CPU s/GB {row['client_cpu_s_per_gb']:.3f} "
             f"{row['client_cpu_s_per_gb_runs']}  server {row['server_cpu_s_per_gb']:.3f}"

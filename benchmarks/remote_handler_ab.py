@@ -19,14 +19,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import statistics
 import sys
 from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
-from remote_probes import measured
+from remote_probes import measured, median_rows
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -121,13 +120,9 @@ def main() -> None:
         finally:
             for _, _, group in groups.values():
                 group.shutdown()
-    rows = []
-    for name, got in runs.items():
-        row: dict[str, Any] = {"pass": name}
-        for k in got[0]:
-            row[k] = round(statistics.median(r[k] for r in got), 3)
-            row[k + "_runs"] = [round(r[k], 3) for r in got]
-        rows.append(row)
+    rows = median_rows(runs)
+    for row in rows:
+        name = row["pass"]
         print(
             f"{name:26} GB/s {row['gbps']:.3f}  client CPU s/GB {row['client_cpu_s_per_gb']:.3f}"
             f" (user {row['user_s_per_gb']:.3f})  server {row['server_cpu_s_per_gb']:.3f}"

@@ -38,7 +38,6 @@ import re
 import select
 import selectors
 import socket
-import statistics
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ from remote_probes import (
     batches,
     connect,
     measured,
+    median_rows,
     read_in_threads,
     redis_benchmark_rate,
     write_in_threads,
@@ -249,13 +249,9 @@ def main() -> None:
                 got = measured(run, TOTAL, url)
                 if rep:
                     runs.setdefault(name, []).append(got)
-    rows = []
-    for name, got in runs.items():
-        row: dict[str, Any] = {"pass": name}
-        for k in got[0]:
-            row[k] = round(statistics.median(r[k] for r in got), 3)
-        row["gbps_runs"] = [round(r["gbps"], 3) for r in got]
-        rows.append(row)
+    rows = median_rows(runs, ("gbps",))
+    for row in rows:
+        name = row["pass"]
         print(f"{name:12} " + " ".join(f"{k} {v}" for k, v in row.items() if k != "pass"))
     load_after = os.getloadavg()
     print(f"load average before {load_before}, after {load_after}")

@@ -8,10 +8,11 @@ import csv
 import io
 import resource
 import socket
+import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,24 @@ def measured(run: Callable[[], object], nbytes: int, url: str) -> dict[str, floa
         "vol_cs_per_mb": (u1[2] - u0[2]) / (nbytes / (1 << 20)),
         "invol_cs_per_mb": (u1[3] - u0[3]) / (nbytes / (1 << 20)),
     }
+
+
+def median_rows(
+    runs: dict[str, list[dict[str, float]]], runs_of: Collection[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per pass: the median of each figure ``measured`` over the repeats, then
+    the repeats themselves (``<figure>_runs``) of the figures in ``runs_of`` (every
+    figure when ``None``), each rounded to 3 decimals."""
+    rows = []
+    for name, got in runs.items():
+        row: dict[str, Any] = {"pass": name}
+        for k in got[0]:
+            row[k] = round(statistics.median(r[k] for r in got), 3)
+        for k in got[0]:
+            if runs_of is None or k in runs_of:
+                row[k + "_runs"] = [round(r[k], 3) for r in got]
+        rows.append(row)
+    return rows
 
 
 def connect(port: int, blocking: bool = True) -> socket.socket:

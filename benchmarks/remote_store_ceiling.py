@@ -48,6 +48,7 @@ from remote_probes import (
     batches,
     connect,
     measured,
+    median_rows,
     read_in_threads,
     redis_benchmark_rate,
     write_in_threads,
@@ -280,13 +281,10 @@ def main() -> None:
         ),
         default=float("nan"),
     )
-    rows = []
-    for name, got in runs.items():
-        row: dict[str, Any] = {"pass": name}
-        for k in got[0]:
-            row[k] = round(statistics.median(r[k] for r in got), 3)
+    rows = median_rows(runs, ())
+    for row in rows:
+        name = row["pass"]
         row["ratio"] = round(row["gbps"] / ref, 3)
-        rows.append(row)
         print(f"{name:12} " + " ".join(f"{k} {v}" for k, v in row.items() if k != "pass"))
     load_after = os.getloadavg()
     print(f"load average before {load_before}, after {load_after}")

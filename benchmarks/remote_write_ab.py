@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from remote_probes import measured, redis_benchmark_rate, write_in_threads
+from remote_probes import measured, median_rows, redis_benchmark_rate, write_in_threads
 
 from kvtier.bench.remote import local_server
 from kvtier.bench.report import git_commit, machine_info
@@ -97,13 +97,10 @@ def main() -> None:
                     runs.setdefault(f"redis-benchmark -P {p}", []).append(got)
         store.close()
     ref = max(statistics.median(r["gbps"] for r in runs[f"redis-benchmark -P {p}"]) for p in (8, 1))
-    rows = []
-    for name, got in runs.items():
-        row: dict[str, Any] = {"pass": name}
-        for k in got[0]:
-            row[k] = round(statistics.median(r[k] for r in got), 3)
+    rows = median_rows(runs, ())
+    for row in rows:
+        name = row["pass"]
         row["ratio"] = round(row["gbps"] / ref, 3)
-        rows.append(row)
         print(f"{name:22} " + " ".join(f"{k} {v}" for k, v in row.items() if k != "pass"))
     result = {
         "benchmark": "remote_write_ab",
