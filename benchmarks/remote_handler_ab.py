@@ -9,9 +9,13 @@ the same pages (``AB_MIB`` MiB a pass, default 256) under their own fingerprints
 ``redis-server``, in jobs of ``job blocks`` values (default 8) with ``io threads``
 (default 2) as ``remote_io_threads`` (``AB_CONTENDERS`` names the contenders, and knobs of this
 tree's loop: see ``CONTENDERS``): every job of a pass is submitted at once, then
-waited for, as ``kvtier bench remote`` does. Passes alternate (base, new; stores, then
-loads) after one warm-up round; medians of ``repeats``. The client CPU is this process's
-(``getrusage``, every thread), which a loaded machine disturbs far less than GB/s.
+waited for, as ``kvtier bench remote`` does. ``rbP`` and ``rb1`` are
+``redis-benchmark -t set|get -P <job blocks>|1 -c <io threads> -r <values>`` over as
+many keys (its ``GET`` keys written first), its client CPU counted as a child's.
+Passes alternate (stores, then loads) after one warm-up round, each round starting
+one contender later than the last (the second pass of a round costs more, whichever
+it is); medians of ``repeats``. The client CPU is this process's (``getrusage``,
+every thread), which a loaded machine disturbs far less than GB/s.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from remote_probes import measured, median_rows
+from remote_probes import measured, median_rows, redis_benchmark_rate
 
-from kvtier.bench.remote import local_server
+from kvtier.bench.remote import fill_keyspace, local_server
 from kvtier.bench.report import git_commit, machine_info
 
 TOTAL = int(os.environ.get("AB_MIB", "256")) << 20
+OPS = os.environ.get("AB_OPS", "store,load").split(",")
+"""The operations measured (``AB_OPS``, comma separated: ``store``, ``load``)."""
 CONTENDERS = os.environ.get("AB_CONTENDERS", "kvtier_base,kvtier").split(",")
 """``package[:knob=value...]``: knobs of this tree's loop, ``io`` (connections, default
 the command line's), ``w`` (``remote_values.WINDOW_BYTES``, KiB), ``sw``
@@ -103,17 +109,34 @@ def main() -> None:
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, float]]] = {}
     with local_server((len(CONTENDERS) + 2) * TOTAL + (64 << 20)) as url:
+        port = url.rsplit(":", 1)[1].split("/")[0]
         groups = {}
         for i, spec in enumerate(CONTENDERS):
+            if spec.startswith("rb"):
+                continue
             package, n, settings = contender(spec, io)
             group = handlers(package, url, bytes([i + 1]) * 32, pages, n)
             groups[spec] = (package, settings, group)
         try:
-            for op in ("store", "load"):
+            for op in OPS:
+                if op == "load" and any(c.startswith("rb") for c in CONTENDERS):
+                    fill_keyspace(url, size, count)
+                if op == "load" and "store" not in OPS:  # the values to load, untimed
+                    for package, _, group in groups.values():
+                        one_pass(package, group, "store", keys, depth)
                 for rep in range(repeats + 1):
-                    for spec, (package, settings, group) in groups.items():
-                        knobs(package, settings)
-                        run = partial(one_pass, package, group, op, keys, depth)
+                    shift = rep % len(CONTENDERS)
+                    for spec in CONTENDERS[shift:] + CONTENDERS[:shift]:
+                        if spec.startswith("rb"):
+                            pipeline = 1 if spec == "rb1" else depth
+                            test = "set" if op == "store" else "get"
+                            run: Any = partial(
+                                redis_benchmark_rate, port, test, size, count, pipeline, io
+                            )
+                        else:
+                            package, settings, group = groups[spec]
+                            knobs(package, settings)
+                            run = partial(one_pass, package, group, op, keys, depth)
                         got = measured(run, TOTAL, url)
                         if rep:
                             runs.setdefault(f"{op} {spec}", []).append(got)
@@ -121,12 +144,18 @@ def main() -> None:
             for _, _, group in groups.values():
                 group.shutdown()
     rows = median_rows(runs)
+    for row in rows:  # against the faster redis-benchmark of the same operation
+        op, name = row["pass"].split(" ", 1)
+        refs = [r["gbps"] for r in rows if r["pass"] in (f"{op} rbP", f"{op} rb1")]
+        if refs and not name.startswith("rb"):
+            row["ratio_to_redis_benchmark"] = round(row["gbps"] / max(refs), 3)
     for row in rows:
         name = row["pass"]
         print(
             f"{name:26} GB/s {row['gbps']:.3f}  client CPU s/GB {row['client_cpu_s_per_gb']:.3f}"
             f" (user {row['user_s_per_gb']:.3f})  server {row['server_cpu_s_per_gb']:.3f}"
             f"  vol cs/MB {row['vol_cs_per_mb']:.2f}"
+            f"  ratio {row.get('ratio_to_redis_benchmark', '-')}"
         )
     load_after = os.getloadavg()
     print(f"load average before {load_before}, after {load_after}")

@@ -12,8 +12,11 @@ ends the thread and closes its sockets.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -312,13 +315,25 @@ class ScriptedRedis:
     """Serves ``SET``/``GET`` from a dict, one thread per connection; ``cut`` says
     which ``GET`` (counted from 0 over all connections) gets half its reply, then
     the connection closed, ``garble`` which gets a reply line that is no RESP;
-    ``hold`` names keys whose ``GET`` waits for ``release``."""
+    ``hold`` names keys whose ``GET`` waits for ``release``, ``hold_deletes`` keys
+    whose ``DEL`` does (``deleting`` once one came); ``deleted`` lists the keys of
+    every ``DEL`` answered. ``trickle`` maps keys to the bytes per piece of their
+    ``GET`` reply, each piece sent once ``piece`` is released (``piece_sent`` then);
+    ``odd`` maps ``SET`` or ``DEL`` to a reply line that is not that command's;
+    ``socks`` are the server's ends of the connections."""
 
     def __init__(
         self, cut: int | None = None, hold: Sequence[bytes] = (), garble: int | None = None
     ) -> None:
         self.values: dict[bytes, bytes] = {}
         self.cut, self.hold, self.garble = cut, set(hold), garble
+        self.hold_deletes: set[bytes] = set()
+        self.deleting = False  # a held DEL came in
+        self.deleted: list[bytes] = []
+        self.trickle: dict[bytes, int] = {}
+        self.odd: dict[bytes, bytes] = {}
+        self.piece, self.piece_sent = threading.Semaphore(0), threading.Semaphore(0)
+        self.socks: list[socket.socket] = []
         self.release = threading.Event()
         self.gets = 0
         self._lock = threading.Lock()
@@ -335,12 +350,15 @@ class ScriptedRedis:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        self.socks.append(conn)
         with conn:
             stream = conn.makefile("rb")
             while (args := _read_command(stream)) is not None:
                 verb = args[0].upper()
                 if verb == b"HELLO":  # redis-py asks for RESP3
                     conn.sendall(b"%1\r\n$5\r\nproto\r\n:3\r\n")
+                elif verb in self.odd:
+                    conn.sendall(self.odd[verb])
                 elif verb == b"SET":
                     self.values[args[1]] = args[2]
                     conn.sendall(b"+OK\r\n")
@@ -356,8 +374,23 @@ class ScriptedRedis:
                     if n == self.cut:
                         conn.sendall(reply[: len(reply) // 2])
                         return
-                    conn.sendall(reply)
-                elif verb in (b"DEL", b"EXISTS"):
+                    step = self.trickle.get(args[1])
+                    for start in range(0, len(reply), step or len(reply)):
+                        if step is not None and not self.piece.acquire(timeout=60):
+                            return
+                        try:
+                            conn.sendall(reply[start : start + (step or len(reply))])
+                        except OSError:  # the client gave up on the reply
+                            return
+                        finally:
+                            self.piece_sent.release()
+                elif verb == b"DEL":
+                    if args[1] in self.hold_deletes:
+                        self.deleting = True
+                        self.release.wait(30)
+                    self.deleted.append(args[1])
+                    conn.sendall(b":%d\r\n" % (self.values.pop(args[1], None) is not None))
+                elif verb == b"EXISTS":
                     conn.sendall(b":0\r\n")
                 else:
                     conn.sendall(b"+OK\r\n")
@@ -432,15 +465,15 @@ def test_a_value_header_is_checked_against_its_own_key_and_model() -> None:
 def test_a_store_without_plain_sockets_is_served_by_blocking_calls(
     server: RedisServer, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A cluster or TLS store: the same thread runs each batch through ``write_many``
-    and ``read_many_into``, with the same outcomes."""
+    """A cluster or TLS store: the same thread runs each batch through ``write_many``,
+    ``read_many_into`` and ``delete_many``, with the same outcomes."""
     monkeypatch.setattr(RemoteStore, "multiplexable", property(lambda self: False))
     store = open_store(server.url, clock)
     loop = RemoteLoop(store, connections=2, name="test-loop")
     keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
     try:
         assert run(loop, [(Op.STORE, keys, data)])[0].error is None
-        store.delete_many([keys[2]])
+        assert run(loop, [(Op.DELETE, [keys[2]], [])])[0].error is None
         outs = np.full((5, BLOCK), 0xAB, np.uint8)
         (result,) = run(loop, [(Op.LOAD, [*keys, key(9)], list(outs))])
         hit, miss = ReadOutcome.HIT, ReadOutcome.MISS
@@ -496,15 +529,15 @@ def test_an_unforeseen_error_fails_the_batches_held_and_the_loop_goes_on(
 ) -> None:
     store = open_store(server.url, clock)
     loop = RemoteLoop(store, connections=2, name="test-loop")
-    real, calls = remote_loop._Multiplexer._command, [0]
+    real, calls = remote_loop._Multiplexer._commands, [0]
 
-    def command(self: Any, value: Any) -> list[Any]:
+    def commands(self: Any, values: list[Any]) -> list[Any]:
         calls[0] += 1
-        if calls[0] == 3:  # the third value of the first batch: a bug
+        if calls[0] == 1:  # the first batch's requests: a bug
             raise RuntimeError("a bug in the loop")
-        return real(self, value)  # type: ignore[no-any-return]
+        return real(self, values)  # type: ignore[no-any-return]
 
-    monkeypatch.setattr(remote_loop._Multiplexer, "_command", command)
+    monkeypatch.setattr(remote_loop._Multiplexer, "_commands", commands)
     keys, data = [key(i) for i in range(4)], [payload(i) for i in range(4)]
     try:
         (first,) = run(loop, [(Op.STORE, keys, data)])
@@ -589,5 +622,173 @@ def test_idle_connections_closed_while_the_loop_was_busy_are_polled_before_use(
         assert results[0].error is None and store.outages == 0
         assert all(np.array_equal(o, d) for o, d in zip(outs, data, strict=True))
     finally:
+        loop.close()
+        store.close()
+
+
+@pytest.mark.parametrize("ttl_s", [None, 2.5])
+def test_requests_of_stores_and_loads_filled_together_go_out_in_their_order(
+    ttl_s: float | None,
+) -> None:
+    """One connection's fill may hold values of a store and of a load (one loop, both
+    ways): each ``GET`` goes between the ``SET`` before and after it, byte for byte as
+    RESP has them (the oracle is written out here, not ``set_commands``)."""
+    options = RemoteOptions(url="redis://127.0.0.1:1/0", ttl_s=ttl_s)
+    store = RemoteStore.open(FP, options, environ={})
+    loop = RemoteLoop(store, connections=1, name="test-loop")
+    mux = remote_loop._Multiplexer(loop)
+    try:
+        pages = [payload(i, 40) for i in range(3)]
+        stores = remote_loop._Batch(Op.STORE, [key(0), key(1)], [], pages[:2], print)
+        loads = remote_loop._Batch(Op.LOAD, [key(2)], [], pages[2:], print)
+        for batch in (stores, loads):
+            batch.names = [store.redis_key(k) for k in batch.keys]
+        values = [remote_loop._Value(stores, 0), remote_loop._Value(loads, 0)]
+        values.append(remote_loop._Value(stores, 1))
+        sent = b"".join(bytes(b) for b in mux._commands(values))
+    finally:
+        mux.sel.close()
+        loop.close()
+
+    def bulk(data: bytes) -> bytes:
+        return b"$%d\r\n%s\r\n" % (len(data), data)
+
+    def set_(i: int) -> bytes:
+        value = block_format.encode_header(key(i), FP, pages[i].data) + pages[i].tobytes()
+        args = [b"SET", store.redis_key(key(i)), value]
+        args += [] if ttl_s is None else [b"PX", b"2500"]
+        return b"*%d\r\n" % len(args) + b"".join(bulk(a) for a in args)
+
+    get = b"*2\r\n" + bulk(b"GET") + bulk(store.redis_key(key(2)))
+    assert sent == set_(0) + get + set_(1)
+
+
+def test_a_corrupt_value_is_deleted_by_a_request_on_the_loop_not_a_blocking_call(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the ``DEL`` of a corrupt value waits for its answer, the loop serves the
+    next batch on its other connection (a blocking ``delete_many`` on the loop's thread
+    held every batch for up to ``timeout_s``); the load that found the value is
+    reported once it is deleted, so a value stored again after that report is never
+    removed by a late ``DEL``."""
+    small_windows(monkeypatch, 1)  # the next batch cannot queue behind the DEL
+    fake = ScriptedRedis()
+    store = open_store(fake.url, clock, timeout_s=300.0)
+    bad = store.redis_key(key(1))
+    fake.values[bad] = b"not a block"
+    fake.hold_deletes.add(bad)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    reported = threading.Event()
+    results: list[BatchResult] = []
+    data = [payload(0), payload(2)]
+    try:
+        run(loop, [(Op.STORE, [key(0), key(2)], data)])
+        outs = [np.full(BLOCK, 0xAB, np.uint8) for _ in range(3)]
+        loop.submit(
+            Op.LOAD, [key(0), key(1), key(2)], outs, lambda r: (results.append(r), reported.set())
+        )
+        deadline = time.monotonic() + 30
+        while not fake.deleting:  # the DEL is in, unanswered
+            assert time.monotonic() < deadline, "no DEL came"
+            time.sleep(0.001)
+        other, served = [np.zeros(BLOCK, np.uint8)], threading.Event()
+        loop.submit(Op.LOAD, [key(2)], other, lambda r: served.set())
+        assert served.wait(10), "the next batch waited for the DEL"
+        assert np.array_equal(other[0], data[1])
+        assert not reported.is_set() and fake.deleted == []
+        fake.release.set()
+        assert reported.wait(30)
+        (loaded,) = results
+        assert fake.deleted == [bad] and bad not in fake.values
+        assert loaded.error is None
+        assert list(loaded.outcomes) == [ReadOutcome.HIT, ReadOutcome.CORRUPT, ReadOutcome.HIT]
+        assert np.array_equal(outs[0], data[0]) and np.array_equal(outs[2], data[1])
+        assert not outs[1].any()
+        (after,) = run(loop, [(Op.LOAD, [key(0), key(1)], outs[:2])])  # in step after the DEL
+        assert list(after.outcomes) == [ReadOutcome.HIT, ReadOutcome.MISS]
+        assert store.healthy and store.outages == 0
+    finally:
+        fake.release.set()
+        loop.close()
+        store.close()
+        fake.close()
+
+
+@pytest.mark.parametrize(("verb", "reply"), [(b"SET", b":1\r\n"), (b"DEL", b"+OK\r\n")])
+def test_a_reply_that_is_not_the_commands_fails_its_batch_which_is_reported(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch, verb: bytes, reply: bytes
+) -> None:
+    """A ``SET`` or ``DEL`` answered out of step (``:1``, ``+OK``): the connection is
+    lost with every value waiting on it, the batch fails and is reported, the store
+    records the failure (the value was once taken off the connection before its reply
+    was checked: its batch was never reported, and the jobs after it waited for ever)."""
+    small_windows(monkeypatch, 1)
+    fake = ScriptedRedis()
+    store = open_store(fake.url, clock)
+    loop = RemoteLoop(store, connections=2, name="test-loop")
+    try:
+        if verb == b"SET":
+            fake.odd[verb] = reply
+            (result,) = run(loop, [(Op.STORE, [key(0)], [payload(0)])])
+            assert "unexpected reply to SET" in (result.error or "")
+        else:
+            fake.values[store.redis_key(key(0))] = b"not a block"
+            fake.odd[verb] = reply
+            outs = [np.full(BLOCK, 0xAB, np.uint8)]
+            (result,) = run(loop, [(Op.LOAD, [key(0)], outs)])
+            # the load itself was answered: a corrupt value, its DEL lost (logged)
+            assert list(result.outcomes) == [ReadOutcome.CORRUPT] and not outs[0].any()
+        assert store.outages == 1 and not store.healthy
+    finally:
+        loop.close()
+        store.close()
+        fake.close()
+
+
+def _queued(sock: socket.socket, request: int) -> int:
+    """Bytes in a socket's queue: unread (``FIONREAD``) or unacknowledged (``TIOCOUTQ``)."""
+    return int(struct.unpack("i", fcntl.ioctl(sock.fileno(), request, b"\0\0\0\0"))[0])
+
+
+def test_a_reply_that_keeps_coming_slowly_does_not_time_out(
+    conns: Callable[[int | None], list[Any]],
+) -> None:
+    """``remote_timeout_s`` bounds a connection's silence, not its reply: a value that
+    comes in pieces, each well within the timeout, loads however long it takes in all.
+    The loop's clock is moved by hand (0.6 of the timeout after each piece is read,
+    4.2 timeouts in all), so no pause of this machine decides anything."""
+    made = conns(None)
+    fake = ScriptedRedis()
+    store = open_store(fake.url, Clock(), timeout_s=100.0)
+    clock = Clock()
+    loop = RemoteLoop(store, connections=1, name="test-loop", clock=clock)
+    data, out = payload(0), np.zeros(BLOCK, np.uint8)
+    done = threading.Event()
+    results: list[BatchResult] = []
+    try:
+        run(loop, [(Op.STORE, [key(0)], [data])])
+        name = store.redis_key(key(0))
+        reply = len(b"$%d\r\n\r\n" % len(fake.values[name])) + len(fake.values[name])
+        fake.trickle[name] = 500
+        loop.submit(Op.LOAD, [key(0)], [out], lambda r: (results.append(r), done.set()))
+        (client,), server = made, fake.socks[-1]
+        for _ in range(0, reply, 500):
+            if done.is_set():  # ended early: failed
+                break
+            fake.piece.release()
+            assert fake.piece_sent.acquire(timeout=30)
+            deadline = time.monotonic() + 30
+            while not done.is_set() and (
+                _queued(server, termios.TIOCOUTQ) or _queued(client.raw, termios.FIONREAD)
+            ):  # the piece is read, after the loop's event for it
+                assert time.monotonic() < deadline, "a piece was never read"
+                time.sleep(0.001)
+            clock.now += 60.0
+        assert done.wait(30)
+        (result,) = results
+        assert result.error is None and list(result.outcomes) == [ReadOutcome.HIT]
+        assert np.array_equal(out, data) and clock.now == 420.0 and store.healthy
+    finally:
+        fake.close()
         loop.close()
         store.close()

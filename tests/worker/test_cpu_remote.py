@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,8 @@ from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteL
 from kvtier.media import remote_values
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker
 from kvtier.media.remote import RemoteOptions, RemoteStore
+from kvtier.media.remote_loop import BatchResult, Op
+from kvtier.worker import cpu_remote
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler, TransferResult, TransferSpec
 
@@ -279,3 +283,66 @@ def test_a_child_forked_with_a_job_in_flight_fails_that_job_and_loads_on(
     h.wait([1])
     (result,) = h.get_finished()
     assert result.success and torch.equal(pages[5], pages[0])
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that counts its waits and its notifies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = self.notifies = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+    def notify_all(self) -> None:
+        self.notifies += 1
+        super().notify_all()
+
+
+class _ManualLoop:
+    """Stands in for ``RemoteLoop``: keeps each batch's ``on_done`` for the test to call."""
+
+    def __init__(self, store: RemoteStore, *, connections: int, name: str) -> None:
+        self.done: list[Callable[[BatchResult], None]] = []
+
+    def submit(
+        self, op: Op, keys: object, pages: object, on_done: Callable[..., None], names: object
+    ) -> None:
+        self.done.append(on_done)
+
+    def close(self) -> None:
+        pass
+
+
+def test_wait_for_many_jobs_is_woken_once_when_the_last_ends(
+    pages: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wake-up per job cost the loop's thread a futex call and a GIL handover each;
+    ``wait`` is woken only when the last of its jobs ends, whatever their order."""
+    monkeypatch.setattr(cpu_remote, "RemoteLoop", _ManualLoop)
+    store = RemoteStore.open(FP, RemoteOptions(url="redis://127.0.0.1:1/0"), environ={})
+    h = CpuRemoteOffloadingHandlers(pages, store, io_threads=2).cpu_to_remote_handler
+    cv = h._cv = _CountingCondition()  # type: ignore[attr-defined]
+    for job in (1, 2, 3):
+        assert h.transfer_async(job, store_spec([job], [job]))
+    done: list[Callable[[BatchResult], None]] = h._loop.done  # type: ignore[attr-defined]
+    waiter = threading.Thread(target=h.wait, args=([1, 2, 3],), daemon=True)
+    waiter.start()
+    ok = BatchResult(None, (), 0.0)
+    try:
+        deadline = time.monotonic() + 30
+        while not cv.waits:  # the waiting thread is in ``wait``, counted on all three jobs
+            assert time.monotonic() < deadline and waiter.is_alive()
+            time.sleep(0.001)
+        done[0](ok)
+        done[2](ok)
+        assert cv.notifies == 0 and waiter.is_alive()
+    finally:
+        done[1](ok)
+    waiter.join(30)
+    assert not waiter.is_alive() and cv.notifies == 1 and cv.waits == 1
+    assert [r.job_id for r in h.get_finished()] == [1, 2, 3]
+    h.wait([1, 2, 3, 99])  # reported or unknown: no wait
+    assert cv.waits == 1

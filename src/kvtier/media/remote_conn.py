@@ -40,7 +40,7 @@ class LoopConnection:
         self.sock: socket.socket = link._sock
         self.sock.setblocking(False)
         self.timeout_s = timeout_s
-        self.out: list[memoryview] = []
+        self.out: list[Any] = []  # buffers still to send, in order
         self.waiting: collections.deque[Any] = collections.deque()  # the loop's values
         self.buf = bytearray(READ_BUFFER_BYTES)
         self.start = self.end = 0
@@ -52,7 +52,9 @@ class LoopConnection:
     # -- sending ---------------------------------------------------------------------
 
     def send(self, buffers: list[Any]) -> None:
-        self.out += [memoryview(b).cast("B") for b in buffers]
+        """Queue ``buffers`` (``bytes``, or flat byte memoryviews: ``len`` is their
+        size) and send what the socket takes now."""
+        self.out += buffers
         self.flush()
 
     def flush(self) -> None:
@@ -63,10 +65,13 @@ class LoopConnection:
                 sent = self.sock.sendmsg(out[:_IOV_MAX])
             except BlockingIOError:
                 return
-            while out and sent >= out[0].nbytes:
-                sent -= out.pop(0).nbytes
+            done = 0
+            while done < len(out) and sent >= len(out[done]):
+                sent -= len(out[done])
+                done += 1
+            del out[:done]
             if sent:
-                out[0] = out[0][sent:]
+                out[0] = memoryview(out[0])[sent:]
 
     # -- receiving -------------------------------------------------------------------
 

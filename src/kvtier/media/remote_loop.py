@@ -15,10 +15,12 @@ The bytes of each connection (sending, reading lines and values) are
 Each value keeps every check of the blocking path (``remote_values``): a load reads
 its reply straight into the caller's page and verifies it there (header, format
 version, XXH3-64); a value that is not a verified block of its key (wrong length,
-checksum, header, a foreign type) is zeroed and ``CORRUPT`` and is deleted after its
-batch; a miss is zeroed. A batch whose connection failed (an error, the server
-closing it, or no progress for ``timeout_s``) fails as a whole and records the failure
-in the store's ``CircuitBreaker``; the values of the batch still in flight on other
+checksum, header, a foreign type) is zeroed and ``CORRUPT``, and is deleted by a
+``DEL`` the loop sends on its connections like any request (never a blocking call on
+its thread) before its batch is reported; a miss is zeroed. A batch whose
+connection failed (an error, the server closing it, or no progress for
+``timeout_s``) fails as a whole and records the failure in the store's
+``CircuitBreaker``; the values of the batch still in flight on other
 connections are first read to the end (the loop never writes into a page after its
 batch was reported), and every page of a failed load that is not a verified hit is
 zeroed. A batch is started only if the breaker allows it (else it fails at once,
@@ -66,15 +68,25 @@ from kvtier.media.remote_values import (
 
 logger = logging.getLogger("kvtier.media.remote")
 
-STORE_WINDOW_BYTES = 1 << 20
-"""Value bytes of ``SET`` a connection keeps outstanding (at least one value)."""
+STORE_WINDOW_BYTES = 768 << 10
+"""Value bytes of ``SET`` a connection keeps outstanding (at least one value): three
+values of 256 KiB, one of 512 KiB or more. At 1 MiB (four of 256 KiB, two of 512 KiB)
+both the client and the server spent more CPU per GB and stores ran slower: 256 KiB
+stores 0.64-0.74 of ``redis-benchmark`` against 0.90-1.03 at 768 KiB in five runs
+side by side (``docs/remote.md``)."""
+DELETE_WINDOW = 64
+"""``DEL`` requests a connection keeps outstanding (each a few dozen bytes)."""
 _GET = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n"
+_DEL = b"*2\r\n$3\r\nDEL\r\n$%d\r\n%s\r\n"
 _LOST = (OSError, RedisConnectionError)
 
 
 class Op(str, enum.Enum):
     STORE = "store"
     LOAD = "load"
+    DELETE = "delete"
+    """Remove the values (a batch without pages: give ``[]``). The loop queues one
+    itself for the values a load found corrupt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,14 +141,24 @@ class RemoteLoop:
             its connections for as long as it runs).
         connections: sockets the loop multiplexes.
         name: the thread's name.
+        clock: monotonic seconds, for the per-connection timeout (tests move one by
+            hand; ``select`` still waits in real seconds).
     """
 
-    def __init__(self, store: RemoteStore, *, connections: int, name: str) -> None:
+    def __init__(
+        self,
+        store: RemoteStore,
+        *,
+        connections: int,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
         self._store = store
         self._count = connections
         self._name = name
+        self._clock = clock
         self._start_fresh()
         renew_after_fork(self)
 
@@ -160,13 +182,16 @@ class RemoteLoop:
         keys: Sequence[bytes],
         pages: Sequence[np.ndarray],
         on_done: Callable[[BatchResult], None],
+        names: list[bytes] | None = None,
     ) -> None:
         """Queue a batch; ``on_done`` is called once, from the loop's thread.
+        ``names``: the keys' ``store.redis_key``s, when the caller made them already.
 
         Raises:
             RuntimeError: the loop is closed.
         """
-        names = [self._store.redis_key(k) for k in keys]
+        if names is None:
+            names = [self._store.redis_key(k) for k in keys]
         batch = _Batch(op, list(keys), names, list(pages), on_done, left=len(keys))
         with self._lock:
             if self._closing:
@@ -240,6 +265,8 @@ def _run_blocking(store: RemoteStore, batch: _Batch) -> None:
     try:
         if batch.op is Op.STORE:
             store.write_many(batch.keys, batch.pages)
+        elif batch.op is Op.DELETE:
+            store.delete_many(batch.keys)
         else:
             outcomes = tuple(store.read_many_into(batch.keys, batch.pages))
     except TransferError as e:
@@ -253,6 +280,16 @@ def _run_blocking(store: RemoteStore, batch: _Batch) -> None:
         outcomes = (ReadOutcome.MISS,) * len(batch.keys)
     try:
         batch.on_done(BatchResult(error, outcomes, time.perf_counter() - start))
+    except Exception:
+        logger.exception("a remote batch's on_done raised")
+
+
+def _report(batch: _Batch) -> None:
+    """Call ``batch.on_done`` with how it ended (an exception it raises is logged)."""
+    outcomes = tuple(batch.outcomes) if batch.op is Op.LOAD else ()
+    result = BatchResult(batch.error, outcomes, time.perf_counter() - batch.started)
+    try:
+        batch.on_done(result)
     except Exception:
         logger.exception("a remote batch's on_done raised")
 
@@ -275,6 +312,7 @@ class _Multiplexer:
         self.loop = loop
         self.store = loop._store
         self.timeout_s = self.store.options.timeout_s
+        self.clock = loop._clock
         px = self.store.options.ttl_s
         self.px = None if px is None else max(1, round(px * 1000))
         self.conns: list[_Conn | None] = [None] * loop._count
@@ -321,7 +359,7 @@ class _Multiplexer:
             busy = [c for c in self.conns if c is not None and c.waiting]
             if self.queue and not busy:
                 continue  # a connection was lost while sending: open another
-            now = time.monotonic()
+            now = self.clock()
             expired = [c for c in busy if c.deadline <= now]
             for c in expired:
                 self._lost(c, TimeoutError(f"no reply in {self.timeout_s} s"))
@@ -337,7 +375,7 @@ class _Multiplexer:
 
     def _select(self, timeout: float | None) -> None:
         ready = self.sel.select(timeout)
-        deadline = time.monotonic() + self.timeout_s  # an event is progress
+        deadline = self.clock() + self.timeout_s  # an event is progress
         for key, events in ready:
             conn = key.data
             if conn is None:
@@ -384,7 +422,8 @@ class _Multiplexer:
             self.queue.extend(_Value(batch, i) for i in range(len(batch.keys)))
 
     def _finish(self, batch: _Batch) -> None:
-        if batch.op is Op.LOAD:
+        load = batch.op is Op.LOAD
+        if load:
             hit = ReadOutcome.HIT
             if batch.error is not None:
                 batch.outcomes = [o if o is hit else ReadOutcome.MISS for o in batch.outcomes]
@@ -397,23 +436,34 @@ class _Multiplexer:
             )
         if batch.keys and (batch.error is None or batch.refused):
             self.store.breaker.record_success()
-        corrupt = [
-            k for k, o in zip(batch.keys, batch.outcomes, strict=True) if o is ReadOutcome.CORRUPT
-        ]
-        if corrupt:
-            try:
-                self.store.delete_many(corrupt)
-            except TransferError as e:
-                logger.warning("could not delete %d corrupt remote values: %s", len(corrupt), e)
-        result = BatchResult(
-            batch.error,
-            tuple(batch.outcomes) if batch.op is Op.LOAD else (),
-            time.perf_counter() - batch.started,
-        )
-        try:
-            batch.on_done(result)
-        except Exception:
-            logger.exception("a remote batch's on_done raised")
+        if load and ReadOutcome.CORRUPT in batch.outcomes:
+            self._delete_corrupt(batch)  # reported once they are deleted
+        else:
+            _report(batch)
+
+    def _delete_corrupt(self, batch: _Batch) -> None:
+        """Queue ``DEL`` of the values ``batch`` found corrupt, and report ``batch`` when
+        they are answered: requests on the loop's connections like any other (the
+        blocking ``delete_many`` this replaced held every batch of the direction for
+        up to ``timeout_s``). As before, the values are gone when the batch is reported,
+        so a value stored again after that report is never deleted by a late ``DEL``.
+        A ``DEL`` that fails is logged (a lost connection is recorded in the breaker, as
+        for any request); ``batch`` is reported all the same."""
+        corrupt = [i for i, o in enumerate(batch.outcomes) if o is ReadOutcome.CORRUPT]
+        keys = [batch.keys[i] for i in corrupt]
+
+        def deleted(result: BatchResult) -> None:
+            if result.error is not None:
+                logger.warning(
+                    "could not delete %d corrupt remote values: %s", len(keys), result.error
+                )
+            _report(batch)
+
+        names = [batch.names[i] for i in corrupt]
+        cleanup = _Batch(Op.DELETE, keys, names, [], deleted, left=len(keys))
+        cleanup.started = time.perf_counter()
+        cleanup.outcomes = [ReadOutcome.MISS] * len(keys)
+        self.queue.extend(_Value(cleanup, i) for i in range(len(keys)))
 
     def _settle(self, value: _Value, outcome: ReadOutcome | None = None) -> None:
         batch = value.batch
@@ -441,21 +491,20 @@ class _Multiplexer:
             conn = conn or self._open(slot)
             if conn is None:
                 return
-            buffers: list[Any] = []
             was_idle = not conn.waiting
-            room = self._window(queue[0]) - len(conn.waiting)
-            while queue and room > 0:
+            taken: list[_Value] = []
+            while queue and len(conn.waiting) < self._window(queue[0]):
                 value = queue.popleft()
                 batch = value.batch
                 if batch.error is not None and not batch.refused:
                     self._settle(value)
                     continue
-                conn.waiting.append(value)  # first: held somewhere if ``_command`` raises
-                buffers += self._command(value)
-                room -= 1
-            if buffers:
+                conn.waiting.append(value)  # first: held somewhere if ``_commands`` raises
+                taken.append(value)
+            if taken:
+                buffers = self._commands(taken)
                 if was_idle:
-                    conn.deadline = time.monotonic() + self.timeout_s
+                    conn.deadline = self.clock() + self.timeout_s
                 try:
                     conn.send(buffers)
                 except _LOST as e:
@@ -467,19 +516,32 @@ class _Multiplexer:
                 return
 
     def _window(self, value: _Value) -> int:
+        """Requests a connection may have outstanding when ``value`` joins them."""
+        op = value.batch.op
+        if op is Op.DELETE:
+            return DELETE_WINDOW
         nbytes = value.batch.pages[value.index].nbytes
-        if value.batch.op is Op.LOAD:
+        if op is Op.LOAD:
             return get_window(nbytes)
         return max(1, STORE_WINDOW_BYTES // max(1, nbytes))
 
-    def _command(self, value: _Value) -> list[Any]:
-        batch, i = value.batch, value.index
-        if batch.op is Op.LOAD:
+    def _commands(self, values: list[_Value]) -> list[Any]:
+        """The buffers of the values' requests, in order: ``GET`` for a load, ``DEL``
+        for a delete; for a run of stores, their ``SET`` formatted together
+        (``set_commands``: one buffer per value besides its page)."""
+        out: list[Any] = []
+        sets: list[tuple[bytes, BlockValue]] = []
+        for value in values:
+            batch, i = value.batch, value.index
             name = batch.names[i]
-            return [_GET % (len(name), name)]
-        payload = batch.pages[i].reshape(-1).data.cast("B")
-        block = BlockValue(self.store.header(batch.keys[i], payload), payload)
-        return set_commands([(batch.names[i], block)], self.px)
+            if batch.op is not Op.STORE:
+                out += set_commands(sets, self.px)
+                sets.clear()
+                out.append((_GET if batch.op is Op.LOAD else _DEL) % (len(name), name))
+                continue
+            payload = batch.pages[i].reshape(-1).data.cast("B")
+            sets.append((name, BlockValue(self.store.header(batch.keys[i], payload), payload)))
+        return out + set_commands(sets, self.px)
 
     def _open(self, slot: int) -> _Conn | None:
         """A new connection in ``slot``; on failure every queued value's batch fails."""
@@ -545,21 +607,35 @@ class _Multiplexer:
             line = conn.line()
             if line is None:
                 return
-            if value.batch.op is Op.STORE:
-                waiting.popleft()
-                self._stored(value, line)
-            else:
+            if value.batch.op is Op.LOAD:
                 self._got(conn, value, line)
+            elif value.batch.op is Op.STORE:
+                self._stored(waiting, value, line)
+            else:
+                self._deleted(waiting, value, line)
 
-    def _stored(self, value: _Value, line: bytes) -> None:
-        if line == b"+OK":
-            self._settle(value)
-        elif line.startswith(b"-"):  # refused (OOM, ...): the batch fails, the store is fine
-            if value.batch.error is None:  # unless a connection of the batch was lost
-                value.batch.refused.append(line[1:].decode(errors="replace"))
-            self._settle(value)
-        else:
+    # A reply that is not the command's is raised while its value still waits on the
+    # connection, so that losing the connection fails it with the others (popped
+    # first, it would never be reported, nor its batch).
+
+    def _stored(self, waiting: collections.deque[_Value], value: _Value, line: bytes) -> None:
+        if line != b"+OK" and not line.startswith(b"-"):
             raise RedisConnectionError(f"unexpected reply to SET: {line[:40]!r}")
+        waiting.popleft()
+        # refused (OOM, ...): the batch fails, the store is fine -- unless a connection
+        # of the batch was lost
+        if line.startswith(b"-") and value.batch.error is None:
+            value.batch.refused.append(line[1:].decode(errors="replace"))
+        self._settle(value)
+
+    def _deleted(self, waiting: collections.deque[_Value], value: _Value, line: bytes) -> None:
+        if not line.startswith((b":", b"-")):  # ``:n`` removed (0 if evicted meanwhile)
+            raise RedisConnectionError(f"unexpected reply to DEL: {line[:40]!r}")
+        waiting.popleft()
+        # refused: the batch fails (logged), the store is fine
+        if line.startswith(b"-") and value.batch.error is None:
+            value.batch.refused.append(line[1:].decode(errors="replace"))
+        self._settle(value)
 
     def _got(self, conn: _Conn, value: _Value, line: bytes) -> None:
         batch, i = value.batch, value.index

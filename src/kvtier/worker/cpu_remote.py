@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -53,13 +53,20 @@ def _describe_misses(keys: list[bytes], outcomes: tuple[ReadOutcome, ...]) -> st
     )
 
 
+@dataclass(eq=False, slots=True)
+class _Waiter:
+    """One ``wait`` call: how many of its jobs have not ended (under the condition)."""
+
+    left: int = 0
+
+
 @dataclass(slots=True)
 class _Job:
     """A job in flight (its result set once, under the handler's condition)."""
 
     job_id: int
     result: TransferResult | None = None
-    waiters: int = 0  # threads in ``wait`` for it: only they are woken when it ends
+    waiters: list[_Waiter] = field(default_factory=list)  # ``wait`` calls it is in
 
 
 class CpuRemoteHandler(OffloadingHandler):
@@ -88,9 +95,11 @@ class CpuRemoteHandler(OffloadingHandler):
         renew_after_fork(self)
 
     def _after_fork(self) -> None:
-        """In a forked child: a fresh condition; the jobs in flight fail."""
+        """In a forked child: a fresh condition; the jobs in flight fail (the threads
+        that waited for them are not in the child)."""
         self._cv = threading.Condition()
         for job in self._jobs:
+            job.waiters.clear()
             if job.result is None:
                 job.result = TransferResult.failed(
                     job.job_id, "in flight at a fork: its I/O stayed with the parent process"
@@ -104,8 +113,7 @@ class CpuRemoteHandler(OffloadingHandler):
                 spec, self.cpu_to_remote, RemoteLoadStoreSpec, self._pages.shape[0]
             )
             keys = [bytes(k) for k in remote.block_hashes]
-            for k in keys:
-                self._store.redis_key(k)  # checks the key's length
+            names = [self._store.redis_key(k) for k in keys]  # checks each key's length
         except (KvtierError, TypeError, ValueError, AttributeError) as exc:
             job.result = TransferResult.failed(job_id, f"invalid transfer spec: {exc}")
         with self._cv:
@@ -118,7 +126,7 @@ class CpuRemoteHandler(OffloadingHandler):
             nbytes = len(rows) * int(self._pages.shape[1])
             op = Op.STORE if self.cpu_to_remote else Op.LOAD
             pages = [self._pages[r] for r in rows]
-            self._loop.submit(op, keys, pages, lambda r: self._done(job, keys, nbytes, r))
+            self._loop.submit(op, keys, pages, lambda r: self._done(job, keys, nbytes, r), names)
         return True
 
     def _done(self, job: _Job, keys: list[bytes], nbytes: int, r: BatchResult) -> None:
@@ -133,7 +141,12 @@ class CpuRemoteHandler(OffloadingHandler):
         with self._cv:
             if job.result is None:
                 job.result = result
-            if job.waiters:
+            done = False
+            for waiter in job.waiters:
+                waiter.left -= 1
+                done = done or not waiter.left
+            job.waiters.clear()
+            if done:  # a ``wait`` whose last job this was: woken once, not per job
                 self._cv.notify_all()
 
     def get_finished(self) -> list[TransferResult]:
@@ -148,18 +161,26 @@ class CpuRemoteHandler(OffloadingHandler):
         return out
 
     def wait(self, job_ids: Iterable[int]) -> None:
-        """Block until the given jobs have finished (unknown or reported ids: no wait)."""
+        """Block until the given jobs have finished (unknown or reported ids: no wait).
+
+        The caller is woken once, when the last of them ends, not as each one does: a
+        wake-up per job cost the loop's thread a futex call and the GIL handed to the
+        waiting thread and back (``docs/remote.md``)."""
         with self._cv:
+            waiter = _Waiter()
             for job_id in job_ids:
                 job = self._by_id.get(job_id)
-                if job is None or job.result is not None:
-                    continue
-                job.waiters += 1
-                try:
-                    while job.result is None:
-                        self._cv.wait()
-                finally:
-                    job.waiters -= 1
+                if job is not None and job.result is None:
+                    job.waiters.append(waiter)
+                    waiter.left += 1
+            try:
+                while waiter.left:
+                    self._cv.wait()
+            finally:
+                if waiter.left:  # interrupted: no job still counts it
+                    for job in self._jobs:
+                        if waiter in job.waiters:
+                            job.waiters.remove(waiter)
 
     def shutdown(self) -> None:
         """Finish the queued jobs, then refuse new ones; ends the I/O thread. Idempotent."""
