@@ -10,8 +10,11 @@ The loop (``--child``): fill a tier of 200,000 blocks in batches of 64, pin the
 ``pinned`` coldest by one load, one round of the bench's 400 lookups, touches and
 loads of hot keys, 400 untimed store rounds, then the counted rounds of 64 new keys
 (``prepare_store`` + ``complete_store``, each evicting 64), then ``os._exit`` (no
-teardown counted); both runs make the same keys beforehand. Deterministic for a given
-build. Run from the repository root::
+teardown counted); both runs make the same keys beforehand. ``--op touch`` (or
+``load``) counts rounds of the bench's touches (or loads) of the hot keys instead,
+right after the setup's round of each (the bench times them before any store), per
+touched (loaded) block. Deterministic for a given build. Run from the repository
+root::
 
     nice python benchmarks/manager_cachegrind.py --side base=/tmp/base/src \
         --side now=src --policy arc --policy slru \
@@ -34,9 +37,12 @@ BATCH = 64
 ROUNDS = 400
 
 
-def child(policy: str, pinned: int, stores: int, made: int) -> None:
+def child(policy: str, pinned: int, stores: int, made: int, op: str) -> None:
     """The counted process: setup, then ``stores`` store rounds (of ``made`` rounds'
-    keys made beforehand, the same in both runs, so making keys is not counted)."""
+    keys made beforehand, the same in both runs, so making keys is not counted). With
+    ``op`` ``touch`` (or ``load``), ``stores`` rounds of the bench's touches (or
+    ``prepare_load`` + ``complete_load``) of hot keys instead, right after the setup's
+    one round of each, as the bench times them (before any store)."""
     from kvtier.blocks import BlockHash
     from kvtier.scheduler import CPUOffloadingManager
 
@@ -61,6 +67,16 @@ def child(policy: str, pinned: int, stores: int, made: int) -> None:
     for ks in hot:
         m.prepare_load(ks)
         m.complete_load(ks)
+    if op != "store":
+        for r in range(stores):
+            ks = hot[r % ROUNDS]
+            if op == "touch":
+                m.touch(ks)
+            else:
+                m.prepare_load(ks)
+                m.complete_load(ks)
+        sys.stdout.flush()
+        os._exit(0)
     fresh = iter(range(BLOCKS, BLOCKS + (ROUNDS + made) * BATCH))
     batches = [[key(next(fresh)) for _ in range(BATCH)] for _ in range(ROUNDS + made)]
     for ks in batches[: ROUNDS + stores]:
@@ -107,27 +123,34 @@ def git_head() -> str:
     return done.stdout.strip()
 
 
-def counts(src: str, policy: str, pinned: int, stores: int, made: int) -> dict[str, int]:
+def counts(
+    src: str, policy: str, pinned: int, stores: int, made: int, op: str
+) -> dict[str, int]:
     """Cachegrind's totals for one child run with ``src`` on the path."""
     env = dict(os.environ, PYTHONPATH=src, PYTHONHASHSEED="0")
-    return cachegrind_totals(__file__, [policy, str(pinned), str(stores), str(made)], env)
+    args = [policy, str(pinned), str(stores), str(made), op]
+    return cachegrind_totals(__file__, args, env)
 
 
-def per_block(src: str, policy: str, pinned: int, stores: int) -> dict[str, float]:
-    """Counts of ``stores`` rounds less those of none, per stored+evicted block."""
-    full = counts(src, policy, pinned, stores, stores)
-    empty = counts(src, policy, pinned, 0, stores)
+def per_block(src: str, policy: str, pinned: int, stores: int, op: str) -> dict[str, float]:
+    """Counts of ``stores`` rounds less those of none, per block (stored+evicted,
+    touched, or loaded)."""
+    full = counts(src, policy, pinned, stores, stores, op)
+    empty = counts(src, policy, pinned, 0, stores, op)
     return misses_per_block(full, empty, stores * BATCH)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", action="append", required=True, help="NAME=SRC_DIR")
     parser.add_argument("--policy", action="append", required=True)
     parser.add_argument("--pinned", type=int, nargs="*", default=[0, 50_000])
-    parser.add_argument("--stores", type=int, default=800, help="counted store rounds")
+    parser.add_argument("--stores", type=int, default=800, help="counted rounds")
+    parser.add_argument(
+        "--op", choices=("store", "touch", "load"), default="store", help="the counted loop"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     sides = dict(s.split("=", 1) for s in args.side)
@@ -135,7 +158,7 @@ def main() -> None:
     for policy in args.policy:
         for pinned in args.pinned:
             for name, src in sides.items():
-                r = per_block(str(Path(src).resolve()), policy, pinned, args.stores)
+                r = per_block(str(Path(src).resolve()), policy, pinned, args.stores, args.op)
                 results.setdefault(policy, {}).setdefault(str(pinned), {})[name] = r
                 print(
                     f"{policy:<9}{pinned:>7} {name:<6} {r['instructions']:>6} instr "
@@ -151,6 +174,7 @@ def main() -> None:
                 "blocks": BLOCKS,
                 "batch": BATCH,
                 "stores": args.stores,
+                "op": args.op,
                 "pinned": args.pinned,
                 "python": sys.version.split()[0],
                 "valgrind": " ".join(VALGRIND),

@@ -48,7 +48,7 @@ def check(m: CPUOffloadingManager, ks: list[bytes]) -> None:
     if n < len(ks):
         assert copy.deepcopy(m).prepare_store(ks[: n + 1]) is None
     assert m._storing == {k for k in UNIVERSE if m.state(k) is BlockState.STORING}
-    assert m._pinned == {k for k in UNIVERSE if m.pins(k) > 0}
+    assert m._is_held.n_pinned == sum(1 for k in UNIVERSE if m.pins(k) > 0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,9 +1,10 @@
-"""What eviction must not take: STORING blocks and pinned ones, kept in two sets.
+"""What eviction must not take: STORING blocks and pinned ones, kept apart.
 
 The manager asks its policy "is this block held?" through ``HeldBlocks`` over its
-``_storing`` and ``_pinned`` sets; the policies' fast path asks for a whole batch of
-coldest blocks at once (``any_of``). Each test here fails if one of the two sets is
-left out of an answer, or if a pin or a store leaves the wrong set behind.
+``_storing`` set and its slot map, whose value for a pinned block is ``(slot, pins)``;
+the policies' fast path asks for a whole batch of coldest blocks at once
+(``any_of``). Each test here fails if one of the two is left out of an answer, or if a
+pin or a store leaves the wrong state behind.
 """
 
 from __future__ import annotations
@@ -19,17 +20,29 @@ from kvtier.scheduler.policies.recency import RecencyList
 from .conftest import keys
 
 
-def test_held_blocks_answer_for_either_set_and_follow_changes_in_place() -> None:
+def held_over(storing: set[bytes], pinned: set[bytes], resident: list[bytes]) -> HeldBlocks:
+    """A ``HeldBlocks`` over a slot map of ``resident``, one pin each for ``pinned``."""
+    slots: dict[bytes, object] = {k: (i, 1) if k in pinned else i for i, k in enumerate(resident)}
+    held = HeldBlocks(storing, slots)
+    held.n_pinned = len(pinned)
+    return held
+
+
+def test_held_blocks_answer_for_either_kind_and_follow_changes_in_place() -> None:
     storing: set[bytes] = {b"s"}
-    pinned: set[bytes] = {b"p"}
-    held = HeldBlocks(storing, pinned)
-    assert (held(b"s"), held(b"p"), held(b"x")) == (True, True, False)
-    assert held.any_of([b"x", b"s"]) and held.any_of([b"p", b"x"])
-    assert not held.any_of([b"x", b"y"]) and not held.any_of([])
+    slots: dict[bytes, object] = {b"s": 0, b"p": (1, 1), b"x": 2, b"y": (3, 2)}  # y: 2 pins
+    held = HeldBlocks(storing, slots)
+    held.n_pinned = 2
+    assert (held(b"s"), held(b"p"), held(b"x"), held(b"y")) == (True, True, False, True)
+    assert held.any_of([b"x", b"s"]) and held.any_of([b"p", b"x"]) and held.any_of([b"y"])
+    assert not held.any_of([b"x"]) and not held.any_of([])
     storing.clear()
-    pinned.add(b"x")
+    slots[b"x"] = (2, 1)
+    held.n_pinned = 3
     assert (held(b"s"), held(b"x")) == (False, True)
     assert held.any_of([b"x"]) and not held.any_of([b"s"])
+    held.n_pinned = 0  # nothing pinned: the slot map is not read
+    assert not held(b"x") and not held.any_of([b"x", b"p"])
 
 
 @pytest.mark.parametrize("where", ["storing", "pinned"])
@@ -41,8 +54,9 @@ def test_the_coldest_batch_is_refused_whole_when_one_block_is_held(where: str) -
     storing: set[bytes] = set()
     pinned: set[bytes] = set()
     (storing if where == "storing" else pinned).add(b"k2")
-    assert lst.coldest(2, HeldBlocks(storing, pinned), ()) == keys(1, 3)
-    assert lst.coldest(4, HeldBlocks(storing, pinned), ()) is None
+    held = held_over(storing, pinned, keys(1, 2, 3, 4))
+    assert lst.coldest(2, held, ()) == keys(1, 3)
+    assert lst.coldest(4, held, ()) is None
 
 
 def test_a_storing_block_at_the_cold_end_is_not_evicted(policy: str) -> None:
@@ -104,11 +118,11 @@ def test_completing_a_load_of_a_key_listed_twice_releases_it_once(policy: str) -
     m.complete_store([a, b])
     m.prepare_load([a, a, b])
     m.complete_load([a, b])  # a keeps one pin
-    assert m._pinned == {a} and (m.pins(a), m.pins(b)) == (1, 0)
+    assert m._is_held.n_pinned == 1 and (m.pins(a), m.pins(b)) == (1, 0)
     out = m.prepare_store(keys(3))
     assert out is not None and out.block_hashes_evicted == (b,)
     m.complete_load([a])
-    assert not m._pinned
+    assert m._is_held.n_pinned == 0
     out = m.prepare_store(keys(4))
     assert out is not None and out.block_hashes_evicted == (a,)
 
@@ -135,3 +149,13 @@ def test_a_held_key_of_the_store_takes_no_room_from_it(policy: str) -> None:
     assert m.can_store([a, *keys(5, 6, 7)]) == 3
     assert m.can_store([c, *keys(5, 6, 7)]) == 3
     assert m.can_store([b, *keys(5, 6, 7)]) == 2
+
+
+def test_restored_blocks_can_be_pinned_and_are_then_held(policy: str) -> None:
+    # ``restore`` puts slots in the slot map too: a pin there holds them the same way.
+    m = CPUOffloadingManager(num_blocks=3, block_size=16, eviction_policy=policy)
+    a, b = keys(1, 2)
+    m.restore([a, b])
+    m.prepare_load([a])  # the coldest block, pinned
+    out = m.prepare_store(keys(3, 4))
+    assert out is not None and out.block_hashes_evicted == (b,)

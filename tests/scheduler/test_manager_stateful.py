@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from kvtier.errors import ProtocolError
 from kvtier.scheduler import POLICIES, CPUOffloadingManager
 from kvtier.scheduler.manager import BlockState
 
@@ -124,7 +126,8 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def prepare_load(self, data: st.DataObject) -> None:
         ready = sorted(k for k, s in self.state.items() if s is BlockState.READY)
-        ks = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=3, unique=True))
+        # A key may be listed twice (two pins); pins are kept in the slot map's values.
+        ks = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=4))
         spec = self.m.prepare_load(ks)
         assert list(spec.block_ids) == [self.m.slot(k) for k in ks]
         for k in ks:
@@ -139,6 +142,16 @@ class ManagerMachine(RuleBasedStateMachine):
         for k in batch:
             self.pins[k] -= 1
 
+    @rule(ks=st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=4))
+    def complete_load_misused(self, ks: list[bytes]) -> None:
+        # Unpinning more than is pinned (or an absent block) raises and changes nothing.
+        if all(ks.count(k) <= self.pins.get(k, 0) for k in ks):
+            return
+        before = self.snapshot()
+        with pytest.raises(ProtocolError, match="not pinned"):
+            self.m.complete_load(ks)
+        assert self.snapshot() == before
+
     # -- invariants --------------------------------------------------------------------
 
     @invariant()
@@ -152,6 +165,13 @@ class ManagerMachine(RuleBasedStateMachine):
             assert self.m.state(k) is self.state.get(k)
             assert self.m.pins(k) == self.pins.get(k, 0) >= 0
         assert len(self.m.policy) == len(self.state)
+        # What a policy is told is held: STORING or pinned, one key or a batch.
+        held = self.m._is_held
+        assert held.n_pinned == sum(1 for k in self.state if self.pins[k] > 0)
+        for k, s in self.state.items():
+            assert held(k) is (s is BlockState.STORING or self.pins[k] > 0)
+            assert held.any_of([k]) is held(k)
+        assert held.any_of(list(self.state)) is any(map(held, self.state))
 
 
 machine_settings = settings(

@@ -5,9 +5,12 @@ Each test tells its scenario. They run for every policy unless the story is ARC'
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 from kvtier.scheduler import CPUOffloadingManager
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import ARCPolicy
+from kvtier.scheduler.policies.base import IsHeld
 
 from .conftest import keys
 
@@ -83,13 +86,18 @@ class CountingHeld:
 
     def __init__(self, m: TierManager) -> None:
         self.calls = 0
-        inner = m._is_held
+        choose = m.policy.choose_victims
 
-        def is_held(key: bytes) -> bool:
-            self.calls += 1
-            return inner(key)
+        def counted(
+            n: int, is_held: IsHeld, protected: Collection[bytes], incoming: Sequence[bytes]
+        ) -> list[bytes] | None:
+            def held(key: bytes) -> bool:
+                self.calls += 1
+                return is_held(key)
 
-        m._is_held = is_held  # type: ignore[method-assign]
+            return choose(n, held, protected, incoming)
+
+        m.policy.choose_victims = counted  # type: ignore[method-assign]
 
 
 def test_eviction_work_does_not_grow_with_pinned_blocks(policy: str) -> None:

@@ -117,13 +117,13 @@ class RecencyList(Generic[K]):
             self._order[key] = None
 
     def touch_all(self, keys: Sequence[K]) -> None:
-        """``touch`` each key, in order (each must be in the list)."""
-        parked = self._parked
-        if parked and not parked.keys().isdisjoint(keys):
-            for key in keys:
-                self.touch(key)
-        else:  # the usual case: one C-level pass
-            deque(map(self._order.move_to_end, keys), maxlen=0)
+        """``touch`` each key, in order (each must be in the list): one C-level pass
+        while the keys are in the order (the usual case: all of them), then key by key
+        from the first parked one. The parked keys -- every pinned block that reached
+        the cold end -- are not looked up first."""
+        done = self.touch_listed(keys)
+        for key in keys[done:]:
+            self.touch(key)
 
     def touch_listed(self, keys: Sequence[K]) -> int:
         """``touch`` keys in turn while they are in the order (not parked), in one
