@@ -12,6 +12,9 @@ be from the same commit's cell run). Variants:
   ``MARGIN``, ``DECAY``, ``EARLY`` or ``SIGNIFICANCE`` (``early_inf``: the rule
   without ``EARLY`` decisions; ``significance_0``: the rule before ``SIGNIFICANCE``,
   where the best decayed score leads);
+* ``hedgeshare_<x>``, ``hedgesig_<x>``: another ``HEDGE_SHARE`` or
+  ``HEDGE_SIGNIFICANCE`` (``hedgesig_inf``: the tier never follows the hedge, the
+  rule before it);
 * ``first_<n>``: the first decision after ``n`` windows;
 * ``efirst_<k>``: ``EARLY`` = ``k`` until the first switch away from ``START``;
 * ``window_<n>``: another ``WINDOW_MIN``;
@@ -55,7 +58,8 @@ def _patch(variants: str) -> None:
 def _patch_one(variant: str) -> None:
     from kvtier.scheduler.policies import leader, sampling
 
-    if variant == "rebuilt_r1":
+    if variant == "rebuilt_r1":  # (a rebuilt tier cannot follow the hedge)
+        leader.HEDGE_SIGNIFICANCE = float("inf")
         init = leader.LeaderPolicy.__init__
 
         def rebuilt(self: leader.LeaderPolicy, capacity: int) -> None:
@@ -80,6 +84,10 @@ def _patch_one(variant: str) -> None:
         leader.EARLY = float(variant.removeprefix("early_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
+    elif variant.startswith("hedgeshare_"):
+        leader.HEDGE_SHARE = float(variant.removeprefix("hedgeshare_"))
+    elif variant.startswith("hedgesig_"):
+        leader.HEDGE_SIGNIFICANCE = float(variant.removeprefix("hedgesig_"))
     elif variant.startswith("significance_"):
         leader.SIGNIFICANCE = float(variant.removeprefix("significance_"))
     elif variant.startswith("efirst_"):  # another EARLY until the first switch
