@@ -1,7 +1,9 @@
 """Real ``redis-server`` processes for the remote-tier tests, on free loopback ports.
 
 Each server runs in the foreground as a child of the test (no daemonizing, so a test
-that dies leaves nothing behind once ``stop`` runs in its fixture), with no
+that dies leaves nothing behind once ``stop`` runs in its fixture; where util-linux's
+``setpriv`` is found the server also gets SIGKILL when the test process dies without
+stopping it, e.g. pytest killed by a CI timeout), with no
 persistence (``--save '' --appendonly no``) and its working directory in a temporary
 directory. CI installs Debian's ``redis-server``; without it these tests fail and say
 how to install it, unless ``KVTIER_SKIP_REDIS=1`` asks to skip them.
@@ -26,6 +28,17 @@ from redis.retry import Retry
 
 START_TIMEOUT_S = 10.0
 PORT_TRIES = 5
+
+
+def _dies_with_parent() -> list[str]:
+    """A prefix that makes the server die with the test process, where the OS can.
+
+    ``setpriv --pdeathsig`` sets the signal, then execs the server (same pid). The
+    signal follows the *thread* that started the server, so servers are started from
+    the test's main thread (every fixture does).
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 class PortTaken(RuntimeError):
@@ -113,7 +126,8 @@ class RedisServer:
         return self._start()
 
     def _start(self) -> RedisServer:
-        cmd = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
+        cmd = [*_dies_with_parent(), "redis-server", "--port", str(self.port), "--bind"]
+        cmd += ["127.0.0.1"]
         cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
         log_path = self.workdir / "redis.log"
         seen = log_path.stat().st_size if log_path.exists() else 0

@@ -5,8 +5,12 @@ failed in the child (never run twice, never left pending), the parent is unaffec
 from __future__ import annotations
 
 import collections
+import ctypes
+import gc
+import platform
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -497,3 +501,50 @@ def test_an_object_that_fails_to_renew_leaves_the_others_renewed() -> None:
     finally:
         for lane in lanes:
             lane.close()
+
+
+FUTEX = {"x86_64": "202", "aarch64": "98"}.get(platform.machine())  # the syscall's number
+
+
+def _asleep_on(thread: threading.Thread, lo: int, hi: int) -> bool:
+    """Whether ``thread`` waits in a futex whose word lies in ``[lo, hi)`` (Linux /proc)."""
+    fields = Path(f"/proc/self/task/{thread.native_id}/syscall").read_text().split()
+    return fields[0] == FUTEX and lo <= int(fields[1], 16) < hi
+
+
+@pytest.mark.skipif(
+    FUTEX is None or not Path("/proc/self/task").is_dir(),
+    reason="reads a thread's system call from Linux /proc (x86-64, aarch64)",
+)
+def test_a_renewed_compiled_bell_never_frees_the_state_a_parent_thread_slept_on() -> None:
+    """Freeing a condition a parent thread waited on blocks in the child for ever
+    (``pthread_cond_destroy`` waits for a waiter that no longer exists): the old bell,
+    dropped in the child after ``renewed``, must not be freed."""
+    old = NativeDoorbell(require_native())
+    lib, handle = old._lib, old._handle.value
+    assert handle is not None
+    # the sleeper holds the raw handle only, not the bell: in the child, nothing but
+    # the test's own name keeps the old bell alive
+    sleeper = threading.Thread(target=lambda: lib.sleep(ctypes.c_void_p(handle)))
+    sleeper.start()
+    deadline = time.monotonic() + 30
+    while not _asleep_on(sleeper, handle, handle + 256):
+        assert time.monotonic() < deadline, "the sleeper never slept on the bell"
+        time.sleep(0.01)
+    collected = []
+
+    def child() -> bool:
+        nonlocal old
+        new = old.renewed()
+        weakref.finalize(old, collected.append, True)
+        del old
+        gc.collect()  # a finalizer still attached would free the old state: hangs
+        new.ring()
+        return collected == [True] and new.sleep() is True
+
+    try:
+        run_in_forked_child(child, lambda: None)
+    finally:
+        old.close()
+        sleeper.join(30)
+    assert not sleeper.is_alive()
