@@ -2,11 +2,14 @@
 
 Runs in the engine process. The model runner talks to Hugging Face models only through
 these functions and plain ``model(...)`` keywords that every version since 4.45 takes
-(``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values``,
-``use_cache``); it never passes ``cache_position``, which 5.x dropped: every version
-derives it from the cache length, which is what the runner wants.
+(``input_ids``, ``attention_mask``, ``position_ids``, ``use_cache``); it never passes
+``cache_position``, which 5.x dropped: every version derives it from the cache length,
+which is what the runner wants.
 
 What differs:
+
+* the cache keyword: ``cache`` (5.24+, where ``past_key_values`` warns that it goes
+  in 5.40) versus ``past_key_values`` (4.45 .. 5.23);
 
 * reading a layer back from a ``DynamicCache``: ``cache.layers[i].keys`` (5.x, late 4.x)
   versus ``cache.key_cache[i]`` (4.45 ..);
@@ -45,6 +48,12 @@ def layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tenso
         return entry.keys, entry.values
     # transformers < 4.56: per-layer lists on the cache itself.
     return cache.key_cache[layer], cache.value_cache[layer]  # type: ignore[attr-defined]
+
+
+def cache_kwargs(model: PreTrainedModel, cache: DynamicCache) -> dict[str, Any]:
+    """``cache`` under the keyword that ``model.forward`` takes for it."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
 
 
 def last_logits_kwargs(model: PreTrainedModel) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from kvtier.blocks import BlockId
-from kvtier.engine.hf_compat import cache_from_past, last_logits_kwargs, layer_kv
+from kvtier.engine.hf_compat import cache_from_past, cache_kwargs, last_logits_kwargs, layer_kv
 from kvtier.engine.kv_pool import KVPool
 from kvtier.errors import ProtocolError
 
@@ -97,8 +97,8 @@ class ModelRunner:
             input_ids=torch.tensor([list(s.token_ids) for s in seqs], device=device),
             attention_mask=mask.to(device),
             position_ids=positions.to(device),
-            past_key_values=cache,
             use_cache=True,
+            **cache_kwargs(self.model, cache),
             **self._logits_kwargs,
         )
         new_slots = torch.cat(
