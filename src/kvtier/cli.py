@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from kvtier.errors import KvtierError
+from kvtier.interrupts import raise_or_defer
 
 DESCRIPTION = """\
 Tiered KV-cache offloading for LLM inference: KV blocks out of GPU memory to CPU
@@ -77,10 +78,12 @@ class Terminated(BaseException):
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     """Unwind once: later Ctrl-C or SIGTERM are ignored while ``finally`` blocks clean up
-    (and can no longer raise after the error line, which would end in a traceback)."""
+    (and can no longer raise after the error line, which would end in a traceback).
+    Inside a ``kvtier.interrupts.critical`` section (a hand-over between the connector's
+    halves) the exception waits for the section's end."""
     for other in STOP_SIGNALS:
         signal.signal(other, signal.SIG_IGN)
-    raise KeyboardInterrupt if signum == signal.SIGINT else Terminated
+    raise_or_defer(KeyboardInterrupt() if signum == signal.SIGINT else Terminated())
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

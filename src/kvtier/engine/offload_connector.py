@@ -26,6 +26,7 @@ from kvtier.connector.scheduler_half import ConnectorScheduler
 from kvtier.connector.stats import OffloadStats
 from kvtier.engine.connector_api import LoadHandle
 from kvtier.errors import ProtocolError
+from kvtier.interrupts import critical
 from kvtier.jobs import TransferResult, TransferSpec
 from kvtier.offloading_spec import OffloadingSpec
 from kvtier.scheduler.tiering import TieredManager
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from kvtier.engine.request import Request
 
 _FLUSH_POLL_S = 0.001
+_LOST = "lost: the worker half never reported it (closing)"
 _log = logging.getLogger(__name__)
 
 TransferObserver = Callable[[TransferSpec | None, TransferResult], None]
@@ -94,18 +96,22 @@ class OffloadingConnector:
     def get_num_external_hit_blocks(
         self, request: Request, block_keys: Sequence[BlockHash], num_gpu_hit_blocks: int
     ) -> int | None:
-        return self.scheduler.num_external_hit_pages(
-            request.request_id, block_keys, num_gpu_hit_blocks, request.num_tokens
-        )
+        with critical:
+            return self.scheduler.num_external_hit_pages(
+                request.request_id, block_keys, num_gpu_hit_blocks, request.num_tokens
+            )
 
     def start_load(
         self, request: Request, block_keys: Sequence[BlockHash], gpu_block_ids: Sequence[BlockId]
     ) -> LoadHandle:
         handle = LoadHandle(len(block_keys))
-        self._handles[request.request_id] = handle
         first_page = request.num_computed_tokens // self.spec.geometry.gpu_block_size
-        self.scheduler.start_load(request.request_id, request.block_keys, first_page, gpu_block_ids)
-        self._send(write_through=False)
+        with critical:
+            self._handles[request.request_id] = handle
+            self.scheduler.start_load(
+                request.request_id, request.block_keys, first_page, gpu_block_ids
+            )
+            self._send(write_through=False)
         return handle
 
     def on_blocks_full(
@@ -114,57 +120,59 @@ class OffloadingConnector:
         if not block_keys:
             return
         full_pages = request.block_keys.index(block_keys[-1]) + 1
-        self.scheduler.pages_full(
-            request.request_id, request.block_keys, full_pages, request.block_table
-        )
-        self._send(write_through=False)
+        with critical:
+            self.scheduler.pages_full(
+                request.request_id, request.block_keys, full_pages, request.block_table
+            )
+            self._send(write_through=False)
 
     def on_gpu_evict(self, block_key: BlockHash, gpu_block_id: BlockId) -> None:
-        job_id = self.scheduler.gpu_evict(block_key, gpu_block_id)
-        if job_id is not None:
-            self._send(write_through=False)
+        with critical:
+            job_id = self.scheduler.gpu_evict(block_key, gpu_block_id)
+            if job_id is not None:
+                self._send(write_through=False)
+        if job_id is not None:  # waiting hands nothing over: a stop signal may end it
             self._worker().wait([job_id])  # the engine reuses the page when this returns
 
     def poll(self) -> Sequence[str]:
-        results = self._worker().get_finished()
-        if self._observers:
-            self._observe(results)
-        progress = self.scheduler.on_finished(results)
-        for load in progress.loads:
-            self._handles.pop(load.request_id).complete(load.num_pages)
-        self._send(write_through=True)
-        return progress.released
+        with critical:
+            return self._complete(self._worker().get_finished())
 
     def request_finished(self, request: Request, gpu_block_ids: Sequence[BlockId]) -> bool:
-        return self.scheduler.request_finished(request.request_id)
+        with critical:
+            return self.scheduler.request_finished(request.request_id)
 
     def take_stats(self) -> OffloadStats:
-        return self.scheduler.take_stats()
+        with critical:
+            return self.scheduler.take_stats()
 
     def flush(self) -> None:
         """Wait until every job in flight and all background work is done.
 
         Call it between ``generate`` calls (the engine holds no finished request then).
         """
-        worker = self._worker()
-        while True:
-            self.poll()
-            if not self.scheduler.has_pending_work:
-                return
-            in_flight = self.scheduler.jobs_in_flight
-            if in_flight:
-                worker.wait(in_flight)
-            else:
-                self.scheduler.manager.wait_discoveries(_FLUSH_POLL_S)
+        self._drain(closing=False)
 
     def close(self) -> None:
-        """Flush, then release the handlers, the host slab and the stores."""
-        if self.worker is not None:
-            self.flush()
-        self.scheduler.shutdown()
-        if self.worker is not None:
-            self.worker.shutdown()
-        self.spec.shutdown()
+        """Flush, then release the handlers, the host slab and the stores (also when
+        the flush raises).
+
+        A job the worker half has no result for once it was waited for is lost: an
+        exception cut a hand-over in two (results taken and never completed, jobs taken
+        and never submitted). Closing counts such jobs failed, with a warning, instead
+        of waiting for them for ever: their blocks are dropped, never served. Only
+        here: a job still running must not be failed while the tier lives (its slots
+        would be reused under the copy), and the worker half's shutdown finishes every
+        copy before the memory is released.
+        """
+        try:
+            if self.worker is not None:
+                self._drain(closing=True)
+        finally:
+            self.scheduler.shutdown()
+            if self.worker is not None:
+                self.worker.shutdown()
+            self.spec.shutdown()
 
     # -- internals --------------------------------------------------------------------
 
@@ -172,6 +180,39 @@ class OffloadingConnector:
         if self.worker is None:
             raise ProtocolError("OffloadingConnector: register_kv_caches was not called")
         return self.worker
+
+    def _drain(self, closing: bool) -> None:
+        worker = self._worker()
+        while True:
+            self.poll()
+            if not self.scheduler.has_pending_work:
+                return
+            in_flight = self.scheduler.jobs_in_flight
+            if not in_flight:
+                self.scheduler.manager.wait_discoveries(_FLUSH_POLL_S)
+                continue
+            worker.wait(in_flight)
+            if closing:
+                self.poll()
+                lost = sorted(set(in_flight).intersection(self.scheduler.jobs_in_flight))
+                if lost:
+                    _log.warning(
+                        "closing: %d job(s) never reported by the worker half (ids %s), "
+                        "counted failed",
+                        len(lost),
+                        lost[:8],
+                    )
+                    with critical:
+                        self._complete([TransferResult.failed(j, _LOST) for j in lost])
+
+    def _complete(self, results: Sequence[TransferResult]) -> Sequence[str]:
+        if self._observers:
+            self._observe(results)
+        progress = self.scheduler.on_finished(results)
+        for load in progress.loads:
+            self._handles.pop(load.request_id).complete(load.num_pages)
+        self._send(write_through=True)
+        return progress.released
 
     def _send(self, write_through: bool) -> None:
         jobs = self.scheduler.take_jobs(write_through)

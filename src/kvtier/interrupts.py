@@ -1,0 +1,66 @@
+"""Stop signals taken only where state is whole: ``critical`` sections.
+
+``kvtier``'s commands turn Ctrl-C and SIGTERM into an exception raised in the main
+thread (``kvtier.cli``). Python raises it between any two bytecodes, so it can cut a
+hand-over in two: results taken from the worker half and not yet given to the scheduler
+half, or jobs taken from the scheduler half and not yet submitted. The scheduler half
+then waits for jobs nobody will ever report, and closing the connector (which the
+command's ``finally`` does) waited for them for ever.
+
+Code that hands state over runs inside ``critical`` (the connector's engine points do).
+A stop signal whose handler calls ``raise_or_defer`` while the main thread is inside a
+section is raised when the outermost section ends, with the state whole; outside a
+section it is raised at once. Sections entered by other threads do not count: the
+handler runs in the main thread, and the exception must be raised there.
+
+Only handlers that call ``raise_or_defer`` are deferred: under Python's default
+``SIGINT`` handler a section changes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+_MAIN_THREAD = threading.main_thread().ident
+
+
+class _Critical:
+    """The section: re-entrant, counted in the main thread only."""
+
+    __slots__ = ("depth", "pending")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: BaseException | None = None
+
+    def __enter__(self) -> None:
+        if threading.get_ident() == _MAIN_THREAD:
+            self.depth += 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if threading.get_ident() != _MAIN_THREAD:
+            return
+        self.depth -= 1
+        if self.depth == 0 and self.pending is not None:
+            pending, self.pending = self.pending, None
+            if exc is None:  # an exception already unwinding takes precedence
+                raise pending
+
+
+critical = _Critical()
+"""``with critical:`` defers stop signals (see the module docstring)."""
+
+
+def raise_or_defer(exc: BaseException) -> None:
+    """From a signal handler (main thread): raise ``exc`` now, or, inside a ``critical``
+    section, when the outermost one ends. Only the first deferred exception is kept."""
+    if critical.depth == 0:
+        raise exc
+    if critical.pending is None:
+        critical.pending = exc

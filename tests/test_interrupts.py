@@ -1,0 +1,85 @@
+"""``kvtier.interrupts``: a stop signal raised only where state is whole.
+
+Through kvtier's own handler (``kvtier.cli._on_signal``) and real signals sent to this
+process, and through ``raise_or_defer`` directly for the cases a signal cannot stage.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from kvtier.cli import STOP_SIGNALS, Terminated, _on_signal
+from kvtier.interrupts import critical, raise_or_defer
+
+
+@pytest.fixture
+def handlers() -> Iterator[None]:
+    previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert critical.depth == 0 and critical.pending is None
+
+
+def test_outside_a_section_the_signal_raises_at_once(handlers: None) -> None:
+    steps = []
+    with pytest.raises(KeyboardInterrupt):
+        signal.raise_signal(signal.SIGINT)
+        steps.append("after")
+    assert steps == []
+
+
+@pytest.mark.parametrize(
+    ("signum", "raised"), [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)]
+)
+def test_inside_nested_sections_it_waits_for_the_outermost_end(
+    handlers: None, signum: int, raised: type[BaseException]
+) -> None:
+    steps = []
+    with pytest.raises(raised):
+        with critical:
+            with critical:
+                signal.raise_signal(signum)
+                steps.append("inner rest")
+            steps.append("outer rest")
+        steps.append("after")
+    assert steps == ["inner rest", "outer rest"]
+
+
+def test_a_section_of_another_thread_defers_nothing(handlers: None) -> None:
+    entered, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with critical:
+            entered.set()
+            leave.wait(10)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    entered.wait(10)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        leave.set()
+        other.join()
+
+
+def test_an_exception_unwinding_the_section_wins_and_nothing_is_left_pending() -> None:
+    with pytest.raises(ValueError), critical:
+        raise_or_defer(KeyboardInterrupt())
+        raise ValueError("the section's own failure")
+    with critical:  # the dropped interrupt does not come back at a later section's end
+        pass
+
+
+def test_only_the_first_deferred_exception_is_kept() -> None:
+    with pytest.raises(KeyboardInterrupt), critical:
+        raise_or_defer(KeyboardInterrupt())
+        raise_or_defer(Terminated())
