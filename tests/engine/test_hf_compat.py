@@ -11,9 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from transformers import DynamicCache
-
-from kvtier.engine.hf_compat import cache_kwargs, last_logits_kwargs
+from kvtier.engine.hf_compat import cache_keyword, last_logits_kwargs
 
 
 class NewModel:  # transformers 5.24+
@@ -36,9 +34,8 @@ class OldestModel:  # transformers 4.45 .. 4.49
 
 
 def test_the_cache_goes_under_the_keyword_forward_takes() -> None:
-    cache = DynamicCache()
-    assert cache_kwargs(NewModel(), cache) == {"cache": cache}  # type: ignore[arg-type]
-    assert cache_kwargs(OldModel(), cache) == {"past_key_values": cache}  # type: ignore[arg-type]
+    assert cache_keyword(NewModel()) == "cache"  # type: ignore[arg-type]
+    assert cache_keyword(OldModel()) == "past_key_values"  # type: ignore[arg-type]
 
 
 def test_last_logits_keyword_of_each_version() -> None:
@@ -48,5 +45,5 @@ def test_last_logits_keyword_of_each_version() -> None:
 
 def test_the_installed_llama_takes_the_chosen_keywords(tiny_model: Any) -> None:
     params = inspect.signature(tiny_model.forward).parameters
-    chosen = {**cache_kwargs(tiny_model, DynamicCache()), **last_logits_kwargs(tiny_model)}
-    assert set(chosen) <= set(params)
+    chosen = {cache_keyword(tiny_model), *last_logits_kwargs(tiny_model)}
+    assert chosen <= set(params)

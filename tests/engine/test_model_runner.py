@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kvtier.blocks import BlockId
-from kvtier.engine.hf_compat import cache_from_past, cache_kwargs, layer_kv
+from kvtier.engine.hf_compat import cache_from_past, cache_keyword, layer_kv
 from kvtier.engine.kv_pool import KVPool, KVShape
 from kvtier.engine.model_runner import ModelRunner, SeqInput
 from kvtier.errors import ProtocolError
@@ -30,7 +30,9 @@ def hf_reference(model, tokens: list[int]):
     """Plain forward on the whole sequence: next greedy token, and its KV cache."""
     with torch.inference_mode():
         cache = cache_from_past([])
-        out = model(input_ids=torch.tensor([tokens]), use_cache=True, **cache_kwargs(model, cache))
+        out = model(
+            input_ids=torch.tensor([tokens]), use_cache=True, **{cache_keyword(model): cache}
+        )
     return int(out.logits[0, -1].argmax()), cache
 
 

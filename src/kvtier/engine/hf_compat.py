@@ -50,10 +50,9 @@ def layer_kv(cache: DynamicCache, layer: int) -> tuple[torch.Tensor, torch.Tenso
     return cache.key_cache[layer], cache.value_cache[layer]  # type: ignore[attr-defined]
 
 
-def cache_kwargs(model: PreTrainedModel, cache: DynamicCache) -> dict[str, Any]:
-    """``cache`` under the keyword that ``model.forward`` takes for it."""
-    params = inspect.signature(model.forward).parameters
-    return {"cache" if "cache" in params else "past_key_values": cache}
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword under which ``model.forward`` takes the cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def last_logits_kwargs(model: PreTrainedModel) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from kvtier.blocks import BlockId
-from kvtier.engine.hf_compat import cache_from_past, cache_kwargs, last_logits_kwargs, layer_kv
+from kvtier.engine.hf_compat import cache_from_past, cache_keyword, last_logits_kwargs, layer_kv
 from kvtier.engine.kv_pool import KVPool
 from kvtier.errors import ProtocolError
 
@@ -61,6 +61,7 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self._logits_kwargs = last_logits_kwargs(model)
+        self._cache_keyword = cache_keyword(model)
 
     @torch.inference_mode()
     def run(self, seqs: Sequence[SeqInput]) -> list[int]:
@@ -98,7 +99,7 @@ class ModelRunner:
             attention_mask=mask.to(device),
             position_ids=positions.to(device),
             use_cache=True,
-            **cache_kwargs(self.model, cache),
+            **{self._cache_keyword: cache},
             **self._logits_kwargs,
         )
         new_slots = torch.cat(
