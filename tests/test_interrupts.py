@@ -71,12 +71,21 @@ def test_a_section_of_another_thread_defers_nothing(handlers: None) -> None:
         other.join()
 
 
-def test_an_exception_unwinding_the_section_wins_and_nothing_is_left_pending() -> None:
-    with pytest.raises(ValueError), critical:
+def test_the_stop_wins_over_an_exception_unwinding_the_section() -> None:
+    # the handler ignores further stop signals: dropped here, a caller catching the
+    # ValueError could never be stopped again
+    with pytest.raises(KeyboardInterrupt) as stopped, critical:
         raise_or_defer(KeyboardInterrupt())
         raise ValueError("the section's own failure")
-    with critical:  # the dropped interrupt does not come back at a later section's end
+    assert isinstance(stopped.value.__context__, ValueError)
+    with critical:  # raised once: it does not come back at a later section's end
         pass
+
+
+def test_an_exit_unwinding_the_section_is_not_replaced() -> None:
+    with pytest.raises(SystemExit), critical:
+        raise_or_defer(KeyboardInterrupt())
+        raise SystemExit(3)
 
 
 def test_only_the_first_deferred_exception_is_kept() -> None:

@@ -11,7 +11,8 @@ Code that hands state over runs inside ``critical`` (the connector's engine poin
 A stop signal whose handler calls ``raise_or_defer`` while the main thread is inside a
 section is raised when the outermost section ends, with the state whole; outside a
 section it is raised at once. Sections entered by other threads do not count: the
-handler runs in the main thread, and the exception must be raised there.
+handler runs in the main thread, and the exception must be raised there. A section
+must not block for long (a wait belongs outside it): a stop waits for its end.
 
 Only handlers that call ``raise_or_defer`` are deferred: under Python's default
 ``SIGINT`` handler a section changes nothing.
@@ -49,7 +50,10 @@ class _Critical:
         self.depth -= 1
         if self.depth == 0 and self.pending is not None:
             pending, self.pending = self.pending, None
-            if exc is None:  # an exception already unwinding takes precedence
+            # The stop is raised over an ordinary exception unwinding the section (which
+            # becomes its ``__context__``): the handler has set further stop signals to
+            # be ignored, so a caller that caught that exception could not be stopped.
+            if exc is None or isinstance(exc, Exception):
                 raise pending
 
 

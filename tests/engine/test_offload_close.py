@@ -33,7 +33,7 @@ from kvtier.jobs import TransferJob, TransferResult, TransferSpec
 from .workload import GPU_BLOCKS, PAGE, chats
 
 OFFLOAD = {"cpu_bytes_to_use": "8MiB", "block_size": PAGE, "store_policy": "eager"}
-CLOSE_DEADLINE_S = 60.0
+CLOSE_DEADLINE_S = 30.0
 
 
 class Passing:
@@ -71,6 +71,21 @@ class SignalsInHandOver(Passing):
             signal.raise_signal(signal.SIGINT)  # its handler runs at the next bytecode
             self.after_signal = True
         return results
+
+
+class SignalsInSubmit(Passing):
+    """Once armed: SIGINT to this process as jobs are handed over, before the real
+    worker half has them -- the moment the other CI hang was stopped at."""
+
+    armed = False
+    handed: list[int]
+
+    def submit(self, jobs: Sequence[TransferJob]) -> None:
+        if self.armed and jobs:
+            self.armed = False
+            self.handed = [j.job_id for j in jobs]
+            signal.raise_signal(signal.SIGINT)  # its handler runs at the next bytecode
+        self.inner.submit(jobs)
 
 
 class Cut(Exception):
@@ -143,6 +158,24 @@ def test_ctrl_c_while_results_are_handed_over_loses_none_and_close_returns(
     with caplog.at_level(logging.WARNING, logger="kvtier.engine.offload_connector"):
         close_within_deadline(llm)
     assert "never reported" not in caplog.text
+
+
+def test_ctrl_c_while_jobs_are_handed_over_loses_none_and_close_returns(
+    tiny_model: Any, kvtier_signal_handlers: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    llm = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=OFFLOAD)
+    worker = SignalsInSubmit(llm.connector.worker)
+    llm.connector.worker = worker
+    prompts = chats()
+    llm.generate([prompts[0]], max_new_tokens=4)
+    worker.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        for prompt in prompts[1:]:
+            llm.generate([prompt], max_new_tokens=4)
+    assert worker.handed
+    with caplog.at_level(logging.WARNING, logger="kvtier.engine.offload_connector"):
+        close_within_deadline(llm)
+    assert "never reported" not in caplog.text, "jobs were lost"
 
 
 @pytest.mark.parametrize("loss", [DropsResults, DropsJobs])

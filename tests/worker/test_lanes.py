@@ -3,6 +3,7 @@ caller blocked in ``wait``, and each is reported exactly once, in order."""
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
@@ -12,6 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from kvtier.cli import STOP_SIGNALS, _on_signal
 from kvtier.worker.doorbell import GRACE_NS, Doorbell, NativeDoorbell, PyDoorbell
 from kvtier.worker.lanes import ThreadLane
 
@@ -261,6 +263,34 @@ def test_the_lane_tells_its_doorbell_who_claimed() -> None:
         assert done.wait(60)
     lane.close()
     assert unwaited.claims == [False, False, False]
+
+
+class _SignalAtClaim(_ClaimLog):
+    """A doorbell whose first claim by a waiting caller raises SIGINT in this process
+    (the handler runs at the claim's next bytecode, the job already popped)."""
+
+    def claim(self, by_waiter: bool) -> None:
+        if by_waiter and not self.claims:
+            signal.raise_signal(signal.SIGINT)
+        super().claim(by_waiter)
+
+
+@pytest.mark.timeout(30)  # a job left in flight would hang wait
+def test_a_stop_signal_while_a_caller_takes_a_job_waits_until_it_is_reported() -> None:
+    # Review of the Ctrl-C fix: kvtier's handler raised between a waiting caller's pop
+    # of a job and its try/finally; the job stayed in flight and close hung.
+    lane = ThreadLane("lane-under-test", _SignalAtClaim(sleeps=False))
+    previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
+    try:
+        lane.submit(1, lambda: (7, None))
+        with pytest.raises(KeyboardInterrupt):
+            lane.wait([1])
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    lane.wait([1])  # returns: the job ran whole and was reported
+    assert [(r.job_id, r.success, r.bytes_moved) for r in lane.poll()] == [(1, True, 7)]
+    lane.close()
 
 
 @pytest.mark.timeout(120)

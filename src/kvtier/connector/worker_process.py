@@ -10,11 +10,16 @@ multiprocessing). After that only values cross the pipe::
     ──────────────                               ─────────────
     submit(jobs)   ── Submit(TransferJob, ...) ──►  ConnectorWorker.submit
     get_finished() ◄─ Finished(TransferResult, ..) ─ pushed as jobs finish
-    wait(ids)      ── Wait(ids) ─────────────────►  wait, then Finished(...), Waited()
+    wait(ids)      ── Wait(ids, n) ──────────────►  wait, then Finished(...), Waited(n)
     shutdown()     ── Shutdown() ────────────────►  finish, Finished(...), Closed()
 
 A real engine (vLLM) runs its workers this way: the scheduler half never touches a
 tensor, and nothing is shared but these values.
+
+Waiting is the one blocking call, and a stop signal may end it (``kvtier.interrupts``):
+each message is received and taken in a ``critical`` section, so none is lost between
+the two, and each ``Wait`` carries a number its ``Waited`` echoes, so the reply of a
+wait cut short never ends a later one early.
 
 A child that dies (killed, out of memory) never takes the engine down: every job it
 had not reported, and every later one, comes back failed, so loads are recomputed and
@@ -24,13 +29,14 @@ stores are dropped, as for any failed job.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from kvtier.config import OffloadingConfig
 from kvtier.errors import KvtierError
+from kvtier.interrupts import critical
 from kvtier.jobs import TransferJob, TransferResult
 
 if TYPE_CHECKING:
@@ -54,6 +60,7 @@ class Submit:
 @dataclass(frozen=True, slots=True)
 class Wait:
     job_ids: tuple[int, ...]
+    seq: int  # echoed in ``Waited``: the reply of a wait cut short is told apart
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,7 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Waited:
-    pass
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,7 @@ class WorkerProcess:
         self._pending: set[int] = set()  # submitted, not yet reported
         self._dead: str | None = None  # why the child is gone
         self._closed = False
+        self._waits = 0  # the number of the last ``Wait`` sent
         if not self._conn.poll(_START_TIMEOUT_S):
             self._kill()
             raise KvtierError(f"the worker process did not start in {_START_TIMEOUT_S:.0f} s")
@@ -141,22 +149,25 @@ class WorkerProcess:
     def get_finished(self) -> list[TransferResult]:
         try:
             while self._dead is None and self._conn.poll():
-                self._take(self._conn.recv())
+                with critical:
+                    self._take(self._conn.recv())
         except (EOFError, OSError) as exc:
             self._died(exc)
         results, self._results = self._results, []
         return results
 
     def wait(self, job_ids: Iterable[int]) -> None:
-        self._send(Wait(tuple(job_ids)))
-        self._receive_until(Waited)
+        self._waits += 1
+        seq = self._waits
+        self._send(Wait(tuple(job_ids), seq))
+        self._receive_until(lambda m: isinstance(m, Waited) and m.seq == seq)
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
         self._send(Shutdown())
-        self._receive_until(Closed)
+        self._receive_until(lambda m: isinstance(m, Closed))
         self._proc.join(timeout=30)
         if self._proc.is_alive():
             self._kill()
@@ -171,10 +182,17 @@ class WorkerProcess:
         else:  # a dead child reports every later job failed at once
             self._died(None)
 
-    def _receive_until(self, kind: type) -> None:
+    def _receive_until(self, last: Callable[[object], bool]) -> None:
+        """Take messages until one is ``last`` (or the child is gone). Waiting for each
+        is outside a ``critical`` section, so a stop signal can end it; receiving and
+        taking it are inside, so none is lost between the two."""
         try:
-            while self._dead is None and not isinstance(self._take(self._conn.recv()), kind):
-                pass
+            while self._dead is None:
+                self._conn.poll(None)
+                with critical:
+                    message = self._take(self._conn.recv())
+                if last(message):
+                    return
         except (EOFError, OSError) as exc:
             self._died(exc)
 
@@ -221,7 +239,7 @@ def _serve(
             elif isinstance(message, Wait):
                 worker.wait(message.job_ids)
                 conn.send(Finished(tuple(worker.get_finished())))
-                conn.send(Waited())
+                conn.send(Waited(message.seq))
             elif isinstance(message, Shutdown):
                 worker.shutdown()
                 conn.send(Finished(tuple(worker.get_finished())))

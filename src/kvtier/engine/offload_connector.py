@@ -131,7 +131,9 @@ class OffloadingConnector:
             job_id = self.scheduler.gpu_evict(block_key, gpu_block_id)
             if job_id is not None:
                 self._send(write_through=False)
-        if job_id is not None:  # waiting hands nothing over: a stop signal may end it
+        if job_id is not None:  # a wait may block: outside the section, a stop signal
+            # ends it (the worker halves keep their own hand-overs whole; see
+            # ``ThreadLane.wait`` and ``WorkerProcess``)
             self._worker().wait([job_id])  # the engine reuses the page when this returns
 
     def poll(self) -> Sequence[str]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from kvtier.interrupts import critical
 from kvtier.media.forks import renew_after_fork
 from kvtier.worker.doorbell import Doorbell, new_doorbell
 from kvtier.worker.handler import TransferResult
@@ -162,13 +163,17 @@ class ThreadLane:
             with self._lock:
                 if not wanted & self._in_flight:
                     return
-            if self._runner.acquire(blocking=False):
-                try:
-                    ran = self._run_next(by_waiter=True)
-                finally:
-                    self._runner.release()
-                if ran:
-                    continue
+            # A stop signal (``kvtier.interrupts``) waits until the job taken is run
+            # and reported and the runner is free: cut between the pop and the report,
+            # the job would stay in flight, and every later wait on it would hang.
+            with critical:
+                if self._runner.acquire(blocking=False):
+                    try:
+                        ran = self._run_next(by_waiter=True)
+                    finally:
+                        self._runner.release()
+                    if ran:
+                        continue
             with self._lock:  # the worker thread runs a job: wait for it to report
                 self._reported.wait_for(
                     lambda: (
