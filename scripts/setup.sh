@@ -25,11 +25,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 stamp=.venv/.kvtier-installed
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh scripts/constraints.txt | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[engine,remote,metrics,dev]" \
+  # scripts/constraints.txt: the versions the suite last passed with (its header says why)
+  python -m pip install -q -c scripts/constraints.txt -e ".[engine,remote,metrics,dev]" \
     "ruff==0.17.6" "mypy==2.4.1" "pytest==9.2.0" "pytest-timeout==2.4.0" "hypothesis==6.170.15" \
     "prometheus-client==0.26.0" "pyzmq==27.3.0" "msgspec==0.22.0"
   echo "$want" > "$stamp"
