@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from kvtier.cli import STOP_SIGNALS, Terminated, _on_signal
-from kvtier.interrupts import critical, raise_or_defer
+from kvtier.interrupts import critical, default_ctrl_c_deferred, raise_or_defer
 
 
 @pytest.fixture
@@ -92,3 +92,32 @@ def test_only_the_first_deferred_exception_is_kept() -> None:
     with pytest.raises(KeyboardInterrupt), critical:
         raise_or_defer(KeyboardInterrupt())
         raise_or_defer(Terminated())
+
+
+def test_pythons_own_ctrl_c_handler_is_stood_in_for_and_put_back() -> None:
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        steps = []
+        with pytest.raises(KeyboardInterrupt), default_ctrl_c_deferred(), critical:
+            signal.raise_signal(signal.SIGINT)
+            steps.append("rest of the section")
+        assert steps == ["rest of the section"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_programs_own_ctrl_c_handler_is_left_alone() -> None:
+    seen: list[int] = []
+
+    def own(signum: int, frame: object) -> None:
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGINT, own)
+    try:
+        with default_ctrl_c_deferred():
+            assert signal.getsignal(signal.SIGINT) is own
+            signal.raise_signal(signal.SIGINT)
+        assert seen == [signal.SIGINT]
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -14,14 +14,21 @@ section it is raised at once. Sections entered by other threads do not count: th
 handler runs in the main thread, and the exception must be raised there. A section
 must not block for long (a wait belongs outside it): a stop waits for its end.
 
-Only handlers that call ``raise_or_defer`` are deferred: under Python's default
-``SIGINT`` handler a section changes nothing.
+Only handlers that call ``raise_or_defer`` are deferred. Python's default ``SIGINT``
+handler does not, so ``default_ctrl_c_deferred`` stands in for it while the reference
+engine generates (a program or notebook that calls ``LLM.generate`` and is stopped with
+Ctrl-C, as a Jupyter user interrupts a cell): the ``KeyboardInterrupt`` comes at a
+section's end there too, and a later ``generate`` or ``close`` finds the hand-overs
+whole. A handler a program installed itself is left alone.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
-from types import TracebackType
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType, TracebackType
 
 _MAIN_THREAD = threading.main_thread().ident
 
@@ -68,3 +75,25 @@ def raise_or_defer(exc: BaseException) -> None:
         raise exc
     if critical.pending is None:
         critical.pending = exc
+
+
+def _deferred_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    raise_or_defer(KeyboardInterrupt())
+
+
+@contextmanager
+def default_ctrl_c_deferred() -> Iterator[None]:
+    """Inside, in the main thread: if ``SIGINT``'s handler is Python's default, one that
+    defers to ``critical`` sections replaces it (and is put back after)."""
+    if (
+        threading.get_ident() != _MAIN_THREAD
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, _deferred_ctrl_c)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is _deferred_ctrl_c:
+            signal.signal(signal.SIGINT, signal.default_int_handler)

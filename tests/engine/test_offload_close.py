@@ -160,6 +160,44 @@ def test_ctrl_c_while_results_are_handed_over_loses_none_and_close_returns(
     assert "never reported" not in caplog.text
 
 
+@pytest.fixture
+def python_default_ctrl_c() -> Iterable[None]:
+    """Python's own SIGINT handler, as in a program or notebook that calls the engine."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_under_pythons_own_handler_loses_nothing_either(
+    tiny_model: Any, python_default_ctrl_c: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A notebook user interrupting ``generate``: ``generate`` stands in a deferring
+    # handler for Python's default one while it runs, and puts the default one back.
+    llm = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=OFFLOAD)
+    worker = SignalsInHandOver(llm.connector.worker)
+    llm.connector.worker = worker
+    prompts = chats()
+    llm.generate([prompts[0]], max_new_tokens=4)
+    worker.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        for prompt in prompts[1:]:
+            llm.generate([prompt], max_new_tokens=4)
+    in_flight = set(llm.connector.scheduler.jobs_in_flight)
+    assert worker.taken and not in_flight.intersection(worker.taken), "results were lost"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # the user goes on: the next call finishes (the interrupted request with it) and
+    # gives the tokens of an engine without offloading
+    plain = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE)
+    assert llm.generate([prompts[5]], max_new_tokens=4) == plain.generate(
+        [prompts[5]], max_new_tokens=4
+    )
+    with caplog.at_level(logging.WARNING, logger="kvtier.engine.offload_connector"):
+        close_within_deadline(llm)
+    assert "never reported" not in caplog.text
+
+
 def test_ctrl_c_while_jobs_are_handed_over_loses_none_and_close_returns(
     tiny_model: Any, kvtier_signal_handlers: None, caplog: pytest.LogCaptureFixture
 ) -> None:

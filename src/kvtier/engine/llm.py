@@ -32,6 +32,7 @@ from kvtier.engine.request import Request
 from kvtier.engine.request_scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
+from kvtier.interrupts import default_ctrl_c_deferred
 from kvtier.keys import BlockHasher
 from kvtier.observability.engine import Observability
 from kvtier.offloading_spec import KVGeometry, OffloadingSpec
@@ -165,6 +166,10 @@ class LLM:
         requests = self._make_requests(prompt_token_ids, max_new_tokens)
         for req in requests:
             self.scheduler.check_fits(req)
+        with default_ctrl_c_deferred():  # Ctrl-C never cuts the connector's hand-overs
+            return self._generate(requests)
+
+    def _generate(self, requests: list[Request]) -> list[list[int]]:
         start = time.perf_counter()
         for req in requests:
             req.arrival_s = start
