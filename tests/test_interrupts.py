@@ -88,10 +88,30 @@ def test_an_exit_unwinding_the_section_is_not_replaced() -> None:
         raise SystemExit(3)
 
 
-def test_only_the_first_deferred_exception_is_kept() -> None:
+def test_a_second_stop_while_one_waits_is_raised_at_once_inside_the_section(
+    handlers: None,
+) -> None:
+    # a section that blocks (a pipe to a stalled child) can still be left by insisting
+    steps = []
+    with pytest.raises(Terminated), critical:
+        signal.raise_signal(signal.SIGINT)
+        steps.append("after the first")
+        assert signal.getsignal(signal.SIGINT) is _on_signal  # not ignored yet
+        signal.raise_signal(signal.SIGTERM)
+        steps.append("after the second")
+    assert steps == ["after the first"]
+    assert critical.pending is None  # the first is dropped, not raised later
+    with critical:
+        pass
+
+
+def test_kvtiers_handler_ignores_further_stops_once_one_is_raised(handlers: None) -> None:
     with pytest.raises(KeyboardInterrupt), critical:
-        raise_or_defer(KeyboardInterrupt())
-        raise_or_defer(Terminated())
+        signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGTERM) is _on_signal
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    signal.raise_signal(signal.SIGTERM)  # ignored: the finally blocks run in peace
 
 
 def test_pythons_own_ctrl_c_handler_is_stood_in_for_and_put_back() -> None:

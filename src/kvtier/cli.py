@@ -77,13 +77,18 @@ class Terminated(BaseException):
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
-    """Unwind once: later Ctrl-C or SIGTERM are ignored while ``finally`` blocks clean up
-    (and can no longer raise after the error line, which would end in a traceback).
-    Inside a ``kvtier.interrupts.critical`` section (a hand-over between the connector's
-    halves) the exception waits for the section's end."""
-    for other in STOP_SIGNALS:
-        signal.signal(other, signal.SIG_IGN)
-    raise_or_defer(KeyboardInterrupt() if signum == signal.SIGINT else Terminated())
+    """Unwind once: once the exception is raised, later Ctrl-C or SIGTERM are ignored
+    while ``finally`` blocks clean up (and can no longer raise after the error line,
+    which would end in a traceback). Inside a ``kvtier.interrupts.critical`` section (a
+    hand-over between the connector's halves) the exception waits for the section's
+    end; a second signal meanwhile raises at once."""
+    stop = KeyboardInterrupt() if signum == signal.SIGINT else Terminated()
+    raise_or_defer(stop, before_raise=_ignore_stop_signals)
+
+
+def _ignore_stop_signals() -> None:
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -12,6 +12,10 @@ with it for ever. Two fixes, one test each:
 - ``close`` fails a job the worker half has no result for once waited for (lost by any
   exception), with a warning, instead of waiting for ever; its blocks are not served.
 
+The same under Python's own Ctrl-C handler, as in a notebook that interrupts
+``generate``: the engine's steps are sections too, and a later ``generate`` gives the
+tokens of an engine without offloading.
+
 Each ``close`` runs in a thread joined with a deadline: the bug is a hang.
 """
 
@@ -196,6 +200,69 @@ def test_ctrl_c_under_pythons_own_handler_loses_nothing_either(
     with caplog.at_level(logging.WARNING, logger="kvtier.engine.offload_connector"):
         close_within_deadline(llm)
     assert "never reported" not in caplog.text
+
+
+def generate_within_deadline(llm: LLM, prompt: list[int]) -> list[list[int]]:
+    out: list[list[list[int]]] = []
+    call = threading.Thread(target=lambda: out.append(llm.generate([prompt], 4)), daemon=True)
+    call.start()
+    call.join(CLOSE_DEADLINE_S)
+    assert not call.is_alive(), f"generate did not return in {CLOSE_DEADLINE_S} s"
+    return out[0]
+
+
+@pytest.mark.parametrize("point", ["released", "finished"])
+def test_ctrl_c_as_the_connector_hands_a_request_back_leaves_the_engine_whole(
+    tiny_model: Any, python_default_ctrl_c: None, point: str
+) -> None:
+    # Review: the connector's section ended, and the deferred KeyboardInterrupt with it,
+    # before the engine took what it returned -- the ids of requests whose stores ended
+    # ("released": the next generate waited for ever for them) or the word that a
+    # finished request's pages are still being stored ("finished": the next generate
+    # raised ProtocolError). The engine's steps are sections too now.
+    llm = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=OFFLOAD)
+    half = llm.connector.scheduler
+    armed = [False]
+    if point == "released":
+        real_finished = half.on_finished
+
+        def on_finished(results: Iterable[TransferResult]) -> Any:
+            progress = real_finished(results)
+            if armed[0] and progress.released:
+                armed[0] = False
+                signal.raise_signal(signal.SIGINT)
+            return progress
+
+        half.on_finished = on_finished  # type: ignore[method-assign]
+    else:
+        real_request_finished = half.request_finished
+
+        def request_finished(request_id: str) -> bool:
+            held = real_request_finished(request_id)
+            if armed[0] and held:
+                armed[0] = False
+                signal.raise_signal(signal.SIGINT)
+            return held
+
+        half.request_finished = request_finished  # type: ignore[method-assign]
+    prompts = chats()
+    llm.generate([prompts[0]], max_new_tokens=4)
+    armed[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        for prompt in prompts[1:]:
+            llm.generate([prompt], max_new_tokens=4)
+    plain = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE)
+    assert generate_within_deadline(llm, prompts[5]) == plain.generate([prompts[5]], 4)
+    assert not llm.scheduler.has_held
+    close_within_deadline(llm)
+
+
+def test_generate_from_another_thread_leaves_signals_alone(tiny_model: Any) -> None:
+    llm = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=OFFLOAD)
+    plain = LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE)
+    prompt = chats()[0]
+    assert generate_within_deadline(llm, prompt) == plain.generate([prompt], 4)
+    close_within_deadline(llm)
 
 
 def test_ctrl_c_while_jobs_are_handed_over_loses_none_and_close_returns(

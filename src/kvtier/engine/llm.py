@@ -32,7 +32,7 @@ from kvtier.engine.request import Request
 from kvtier.engine.request_scheduler import Scheduler
 from kvtier.engine.stats import EngineStats
 from kvtier.errors import ConfigError
-from kvtier.interrupts import default_ctrl_c_deferred
+from kvtier.interrupts import critical, default_ctrl_c_deferred
 from kvtier.keys import BlockHasher
 from kvtier.observability.engine import Observability
 from kvtier.offloading_spec import KVGeometry, OffloadingSpec
@@ -174,16 +174,22 @@ class LLM:
         for req in requests:
             req.arrival_s = start
             self.scheduler.add(req)
+        # The scheduler's steps are ``critical``: a Ctrl-C waits until what the connector
+        # hands back (released requests, load handles) is in the engine's books; the
+        # forward pass and the sleeps stay interruptible.
         while self.scheduler.has_unfinished:
-            batch = self.scheduler.schedule()
+            with critical:
+                batch = self.scheduler.schedule()
             if batch is None:  # every request waits on the connector
                 time.sleep(_POLL_INTERVAL_S)
                 continue
             next_tokens = self.runner.run(batch.inputs)
-            self.scheduler.update(batch, next_tokens, time.perf_counter())
+            with critical:
+                self.scheduler.update(batch, next_tokens, time.perf_counter())
         wall_s = time.perf_counter() - start
         while self.scheduler.has_held:  # stores still reading finished requests' pages
-            self.scheduler.release(self.connector.poll())
+            with critical:
+                self.scheduler.release(self.connector.poll())
             time.sleep(_POLL_INTERVAL_S)
         self.last_stats = self.observability.finish_generate(
             EngineStats(
@@ -205,7 +211,8 @@ class LLM:
         """Let offloading finish its work in flight, then release its memory and files;
         publish the last KV events and stop serving metrics."""
         try:
-            self.connector.close()
+            with default_ctrl_c_deferred():
+                self.connector.close()
         finally:
             self.observability.close()
 
