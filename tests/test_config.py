@@ -51,7 +51,11 @@ def test_config_is_frozen() -> None:
         ({"cpu_bytes_to_use": True}, "cpu_bytes_to_use", "byte size"),
         ({"cpu_bytes_to_use": 1, "block_size": 0}, "block_size", "positive integer"),
         ({"cpu_bytes_to_use": 1, "block_size": "16"}, "block_size", "positive integer"),
-        ({"cpu_bytes_to_use": 1, "eviction_policy": "mru"}, "eviction_policy", "arc, leader, lru"),
+        (
+            {"cpu_bytes_to_use": 1, "eviction_policy": "mru"},
+            "eviction_policy",
+            "arc, density, leader, lru",
+        ),
         ({"cpu_bytes_to_use": 1, "store_threshold": -2}, "store_threshold", ">= 0"),
         ({"cpu_bytes_to_use": 1, "enable_events": "yes"}, "enable_events", "true or false"),
         ({"cpu_bytes_to_use": 1, "hash_algorithm": "md5"}, "hash_algorithm", "sha256"),

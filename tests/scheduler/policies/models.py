@@ -42,6 +42,8 @@ from collections.abc import Callable, Collection, Sequence
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 
+from .density_model import density_model
+
 
 def _evictable(
     order: list[BlockHash], is_held: IsHeld, protected: Collection[BlockHash]
@@ -807,5 +809,6 @@ MODELS: dict[str, Callable[[int], EvictionPolicy]] = {
     "arc": ARCModel,
     "slru": SLRUModel,
     "leader": _leader_model,
+    "density": density_model,
 }
 """Each registered policy's reference model, by policy name."""

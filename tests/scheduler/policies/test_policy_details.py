@@ -194,4 +194,6 @@ def test_an_unknown_policy_names_the_key_and_the_choices() -> None:
     with pytest.raises(ConfigError) as err:
         make_policy("fifo", 4)
     assert err.value.key == "eviction_policy"
-    assert "'fifo'" in str(err.value) and "adaptive, arc, leader, lru, slru" in str(err.value)
+    assert "'fifo'" in str(err.value) and "adaptive, arc, density, leader, lru, slru" in str(
+        err.value
+    )

@@ -10,6 +10,7 @@ from kvtier.errors import ConfigError
 from kvtier.scheduler.policies.adaptive import AdaptivePolicy
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy
+from kvtier.scheduler.policies.density import DensityPolicy
 from kvtier.scheduler.policies.leader import LeaderPolicy
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
@@ -20,6 +21,7 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
     "slru": SegmentedLRUPolicy,
     "adaptive": AdaptivePolicy,
     "leader": LeaderPolicy,
+    "density": DensityPolicy,
 }
 
 
@@ -43,6 +45,7 @@ __all__ = [
     "POLICIES",
     "ARCPolicy",
     "AdaptivePolicy",
+    "DensityPolicy",
     "EvictionPolicy",
     "LRUPolicy",
     "LeaderPolicy",

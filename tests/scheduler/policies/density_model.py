@@ -1,0 +1,193 @@
+"""A plain reference model of the ``density`` policy, written from its definition.
+
+Test oracle only (``policies/density.py``, ``hit_density.py``, ``prefix_history.py``):
+Python lists per class (coldest first), a dict of times, the history as a dict of
+``(generation, set of next keys)``, and each density computed by its defining sum
+(``sum(H[x]) / sum((x - a + 1) * (H[x] + E[x]))`` over ``x >= a``), not by the policy's
+backward pass. Victims: the coldest evictable block of each class, the one of lowest
+``(density, alive, -age, density at age 0, class)`` first, again and again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+from kvtier.blocks import BlockHash
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+
+
+class DensityModel(EvictionPolicy):
+    """The ``density`` policy, plainly."""
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        gen_cap: int,
+        history: int,
+        bucket_share: int,
+        update_keys: int,
+        buckets: int,
+        decay: float,
+        dead_share: float,
+    ) -> None:
+        super().__init__(capacity)
+        self.gen_cap, self.shared_class = gen_cap, gen_cap + 1
+        self.limit = history * capacity
+        self.width = max(1, capacity // bucket_share)
+        self.update_keys, self.buckets = update_keys, buckets
+        self.decay, self.dead_share = decay, dead_share
+        classes = gen_cap + 2
+        self.order: list[list[BlockHash]] = [[] for _ in range(classes)]
+        self.cls: dict[BlockHash, int] = {}
+        self.time: dict[BlockHash, int] = {}
+        self.current: dict[BlockHash, tuple[int, set[BlockHash]]] = {}
+        self.old: dict[BlockHash, tuple[int, set[BlockHash]]] = {}
+        self.hits = [[0.0] * buckets for _ in range(classes)]
+        self.evictions = [[0.0] * buckets for _ in range(classes)]
+        self.tables = [[1.0 / (b + 1) for b in range(buckets)] for _ in range(classes)]
+        self.floor = 0.0
+        self.now = self.looked_up = 0
+        self.next_update = update_keys
+        self.incoming = 0
+        self.shared: set[BlockHash] = set()
+
+    def __len__(self) -> int:
+        return len(self.cls)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.cls
+
+    # -- the prefix history ----------------------------------------------------------
+
+    def _classify(self, keys: Sequence[BlockHash]) -> tuple[int, int]:
+        generation = 0
+        for key in reversed(keys):
+            entry = self.current.get(key) or self.old.get(key)
+            if entry is not None:
+                generation = entry[0] + 1
+                break
+        last_shared = -1
+        for i, key in enumerate(keys):
+            if key in self.old:
+                self.current[key] = self.old.pop(key)
+            if key not in self.current:
+                self.current[key] = (generation, set())
+            nexts = self.current[key][1]
+            if i + 1 < len(keys):
+                nexts.add(keys[i + 1])
+            if len(nexts) >= 2:
+                last_shared = i
+        if len(self.current) > self.limit:
+            self.old, self.current = self.current, {}
+        return generation, last_shared
+
+    # -- densities -----------------------------------------------------------------
+
+    def _bucket(self, age: int) -> int:
+        return min(age // self.width, self.buckets - 1)
+
+    def _update(self) -> None:
+        best = 0.0
+        for c in range(len(self.order)):
+            hits, evictions = self.hits[c], self.evictions[c]
+            if sum(hits) + sum(evictions) == 0:
+                continue
+            for a in range(self.buckets):
+                time = sum((x - a + 1) * (hits[x] + evictions[x]) for x in range(a, self.buckets))
+                self.tables[c][a] = sum(hits[a:]) / time if time > 0 else 0.0
+            best = max(best, self.tables[c][0])
+            self.hits[c] = [h * self.decay for h in hits]
+            self.evictions[c] = [e * self.decay for e in evictions]
+        self.floor = self.dead_share * best
+
+    def _rank(self, key: BlockHash) -> tuple[float, bool, int, float, int]:
+        c = self.cls[key]
+        age = self.now - self.time[key]
+        table = self.tables[c]
+        return (table[self._bucket(age)], table[0] >= self.floor, -age, table[0], c)
+
+    # -- the policy ------------------------------------------------------------------
+
+    def observe(self, keys: Sequence[BlockHash]) -> None:
+        self.now = self.looked_up
+        generation, last_shared = self._classify(keys)
+        self.incoming = min(generation, self.gen_cap)
+        self.shared = set(keys[: last_shared + 1])
+        for i, key in enumerate(keys):
+            if key not in self.cls:
+                continue
+            old = self.cls[key]
+            self.hits[old][self._bucket(self.now - self.time[key])] += 1
+            self.time[key] = self.now
+            new = self.shared_class if i <= last_shared else self.incoming
+            if new != old:
+                self.order[old].remove(key)
+                self.order[new].append(key)
+                self.cls[key] = new
+        self.looked_up = self.now + len(keys)
+        if self.looked_up >= self.next_update:
+            self.next_update = self.looked_up + self.update_keys
+            self._update()
+
+    def add(self, key: BlockHash) -> None:
+        c = self.shared_class if key in self.shared else self.incoming
+        self.order[c].append(key)
+        self.cls[key] = c
+        self.time[key] = self.now
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        order = self.order[self.cls[key]]
+        order.remove(key)
+        order.append(key)
+        self.time[key] = self.now
+
+    def remove(self, key: BlockHash) -> None:
+        self.order[self.cls.pop(key)].remove(key)
+        del self.time[key]
+
+    def release(self, key: BlockHash) -> None:
+        pass
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        queues = [
+            [key for key in order if key not in protected and not is_held(key)]
+            for order in self.order
+        ]
+        victims: list[BlockHash] = []
+        while len(victims) < n:
+            heads = [queue[0] for queue in queues if queue]
+            if not heads:
+                return None
+            key = min(heads, key=self._rank)
+            queues[self.cls[key]].pop(0)
+            victims.append(key)
+        return victims
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            c = self.cls[key]
+            self.evictions[c][self._bucket(self.now - self.time[key])] += 1
+            self.remove(key)
+
+
+def density_model(capacity: int) -> EvictionPolicy:
+    """The model with the policy's constants (read, not shared, from the modules)."""
+    from kvtier.scheduler.policies import density, hit_density
+
+    return DensityModel(
+        capacity,
+        gen_cap=density.GEN_CAP,
+        history=density.HISTORY,
+        bucket_share=density.BUCKET_SHARE,
+        update_keys=density.UPDATE_KEYS,
+        buckets=hit_density.BUCKETS,
+        decay=hit_density.DECAY,
+        dead_share=hit_density.DEAD_SHARE,
+    )

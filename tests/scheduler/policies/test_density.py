@@ -1,0 +1,246 @@
+"""The ``density`` policy: its history, its tables, its model, and what it learns.
+
+``test_reference_models.py`` checks it against ``DensityModel`` step by step, but with
+its real constants no table is ever recomputed there (4,096 looked-up keys between
+updates). Here the constants are shrunk so that tables are recomputed every few keys
+and the history forgets after a few, and requests follow prefix chains, so that
+generations, shared prefixes, dead classes and the no-evidence rule all happen.
+"""
+
+from __future__ import annotations
+
+import random
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtier.blocks import BlockHash, Medium
+from kvtier.scheduler.manager import TierManager
+from kvtier.scheduler.policies import density, hit_density, make_policy
+from kvtier.scheduler.policies.density import SHARED, DensityPolicy
+from kvtier.scheduler.policies.hit_density import BUCKETS, HitDensity
+from kvtier.scheduler.policies.prefix_history import PrefixHistory
+from kvtier.sim.replay import replay
+from kvtier.sim.trace import trace_from_requests
+from tests.budget import examples
+
+from .density_model import density_model
+
+
+def k(i: int) -> BlockHash:
+    return BlockHash(f"k{i}".encode())
+
+
+def keys(*ids: int) -> list[BlockHash]:
+    return [k(i) for i in ids]
+
+
+# -- PrefixHistory -------------------------------------------------------------------
+
+
+def test_generation_counts_the_requests_that_extended_a_chain() -> None:
+    history = PrefixHistory(limit=100)
+    assert history.classify(keys(1, 2)) == (0, -1)  # nothing known
+    assert history.classify(keys(1, 2, 3)) == (1, -1)  # extends generation 0
+    assert history.classify(keys(1, 2, 3, 4, 5)) == (2, -1)
+    assert history.classify(keys(1, 2, 3)) == (2, -1)  # a repeat: its deepest key (3: 1) + 1
+    # Known keys keep the generation of the request that first saw them.
+    assert [history.generation(key) for key in keys(1, 2, 3, 4, 5, 6)] == [0, 0, 1, 2, 2, None]
+
+
+def test_a_branching_point_shares_itself_and_every_key_before_it() -> None:
+    history = PrefixHistory(limit=100)
+    history.classify(keys(1, 2, 3, 4))
+    # 2 is now followed by 3 and by 9: a branching point; 1 and 2 are shared.
+    assert history.classify(keys(1, 2, 9)) == (1, 1)
+    # Later requests through 2 share it too, even when they follow a known branch.
+    assert history.classify(keys(1, 2, 3, 4, 5)) == (1, 1)
+    # A request that merely ends at a key does not branch it.
+    assert history.classify(keys(1, 2, 3)) == (1, 1)
+    history.classify(keys(7, 8))
+    assert history.classify(keys(7)) == (1, -1)
+
+
+def test_the_history_forgets_but_stays_bounded() -> None:
+    history = PrefixHistory(limit=4)
+    for i in range(0, 40, 2):
+        history.classify(keys(i, i + 1))
+        assert len(history) <= 2 * 4 + 2
+    assert k(38) in history and k(0) not in history
+    assert history.classify(keys(0, 1)) == (0, -1)  # forgotten: a new chain again
+
+
+# -- HitDensity ------------------------------------------------------------------------
+
+
+def test_density_is_later_hits_over_later_time_per_bucket() -> None:
+    table = HitDensity(classes=2, width=10)
+    table.hit(0, 5)  # bucket 0
+    table.hit(0, 25)  # bucket 2
+    table.evicted(0, 31)  # bucket 3
+    table.update()
+    # Bucket 0: hits after 2; time: (0-0+1)*1 + (2-0+1)*1 + (3-0+1)*1 = 8.
+    assert table.density(0, 0) == 2 / 8
+    # Bucket 1: hits 1; time (2-1+1) + (3-1+1) = 5.  Bucket 3: 0 hits over 1.
+    assert table.density(0, 15) == 1 / 5
+    assert table.density(0, 35) == 0.0
+    assert table.density(0, 10 * BUCKETS * 3) == 0.0  # past the last bucket: its value
+
+
+def test_counts_decay_at_each_update() -> None:
+    table = HitDensity(classes=1, width=1)
+    table.hit(0, 0)
+    table.evicted(0, 0)
+    table.update()
+    assert table.density(0, 0) == 1 / 2
+    table.evicted(0, 0)  # the old counts now weigh DECAY each
+    table.update()
+    d = hit_density.DECAY
+    assert table.density(0, 0) == d / (2 * d + 1)
+
+
+def test_a_class_without_evidence_keeps_the_lru_order_and_is_not_dead() -> None:
+    """Regression: a class first used after an update had an all-zero table and was
+    dead, so its blocks went first and it never showed a hit (mixed workloads lost
+    thousands of blocks at 5 %)."""
+    table = HitDensity(classes=3, width=1)
+    table.hit(0, 0)
+    table.evicted(1, 0)
+    table.update()
+    assert table.rank(2, 0) == (1.0, True, 0, 1.0)  # untouched: 1 / (bucket + 1)
+    assert table.rank(2, 3) == (1 / 4, True, -3, 1.0)
+    assert table.rank(1, 0) == (0.0, False, 0, 0.0)  # evicted, never hit: dead
+    assert table.alive_floor == hit_density.DEAD_SHARE * 1.0
+
+
+# -- the policy ------------------------------------------------------------------------
+
+
+def _serve(manager: TierManager, ids: list[int]) -> int:
+    """The replay's flow for one request; returns its prefix hit."""
+    request = keys(*ids)
+    hit = manager.lookup(request)
+    manager.touch(request)
+    out = manager.prepare_store(request[hit:])
+    manager.touch(request)
+    if out is not None:
+        manager.complete_store(out.block_hashes_to_store)
+    return hit
+
+
+def test_blocks_take_their_requests_class_and_shared_prefixes_their_own() -> None:
+    policy = DensityPolicy(64)
+    manager = TierManager(medium=Medium.CPU, num_blocks=64, block_size=16, policy=policy)
+    _serve(manager, [1, 2, 3])  # generation 0
+    _serve(manager, [1, 2, 3, 4])  # generation 1: every block of it
+    assert [policy.class_of(key) for key in keys(1, 2, 3, 4)] == [1, 1, 1, 1]
+    _serve(manager, [1, 2, 5])  # 2 branches: 1 and 2 shared; 5 is generation 1
+    assert [policy.class_of(key) for key in keys(1, 2, 5)] == [SHARED, SHARED, 1]
+    assert [policy.class_of(key) for key in keys(3, 4)] == [1, 1]  # not looked up since
+
+
+def test_the_blocks_of_chains_that_end_go_first() -> None:
+    """Chains that always end at their second turn: once that is learned, the blocks
+    of a finished chain go before older blocks of chains still going on."""
+    with mock.patch.object(density, "UPDATE_KEYS", 8):
+        policy = DensityPolicy(12)
+        manager = TierManager(medium=Medium.CPU, num_blocks=12, block_size=16, policy=policy)
+        for chain in range(100, 300, 10):  # 20 chains of two turns, never seen again
+            _serve(manager, [chain, chain + 1])
+            _serve(manager, [chain, chain + 1, chain + 2])
+        # The second turns' class (generation 1) is dead; the first turns' (0) is not:
+        # every first turn was continued, and its hits were counted.
+        now = policy._now
+        assert policy._density.rank(1, 0)[1] is False
+        assert policy._density.rank(0, 0)[1] is True
+        _serve(manager, [900, 901])  # a new chain: its first turn, generation 0
+        _serve(manager, [910, 911])
+        _serve(manager, [920, 921])
+        assert policy._now > now
+        # The coldest blocks are second turns stored long before 900..921, and each
+        # class's coldest is compared: a finished chain's blocks go, the new
+        # chains' stay.
+        victims = policy.choose_victims(3, lambda key: False, (), [])
+        assert victims is not None
+        assert [policy.class_of(key) for key in victims] == [1, 1, 1]
+        assert not set(victims) & set(keys(900, 901, 910, 911, 920, 921))
+
+
+def test_replay_figures_of_a_chat_where_conversations_end() -> None:
+    """Exact hits on a seeded chat trace -- 16 chats open at once on one shared
+    2-block prompt, each turn 2 new blocks, every chat ending after its 4th turn --
+    at 64 blocks: LRU and ARC keep finished chats, ``density`` learns that a 4th
+    turn is never continued (deterministic; recorded when the policy was written)."""
+    rng = random.Random(1)
+    fresh = iter(range(10, 1_000_000))
+    chats: list[tuple[list[int], int]] = []
+    rows = []
+    for n in range(3000):
+        while len(chats) < 16:
+            chats.append(([0, 1, next(fresh)], 0))
+        i = rng.randrange(len(chats))
+        history, turns = chats[i]
+        history = [*history, next(fresh), next(fresh)]
+        rows.append((n, len(history) * 16, 1, history))
+        if turns + 1 == 4:
+            chats.pop(i)
+        else:
+            chats[i] = (history, turns + 1)
+    trace = trace_from_requests(rows, block_size=16, source="chats of four turns")
+    hits = {name: replay(trace, 64, name).ratios.hit_blocks for name in ("lru", "arc", "density")}
+    assert hits == {"lru": 12354, "arc": 11710, "density": 15188}
+
+
+# -- against the model, with tables recomputed every few keys -------------------------
+
+chains = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 4), st.integers(1, 3)),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
+@given(capacity=st.integers(1, 10), requests=chains, update=st.integers(3, 9))
+def test_density_matches_its_model_while_it_learns(
+    capacity: int, requests: list[tuple[int, int, int]], update: int
+) -> None:
+    """Requests on six chains (each a prefix of its chain plus new blocks, some on a
+    shared two-block prompt), through a real manager over the policy and one over
+    the model: the same hits and the same stores and evictions, request by request."""
+    with (
+        mock.patch.object(density, "UPDATE_KEYS", update),
+        mock.patch.object(density, "HISTORY", 1),
+    ):
+        real = TierManager(
+            medium=Medium.CPU,
+            num_blocks=capacity,
+            block_size=16,
+            policy=make_policy("density", capacity),
+        )
+        model = TierManager(
+            medium=Medium.CPU,
+            num_blocks=capacity,
+            block_size=16,
+            policy=density_model(capacity),
+        )
+        grown: dict[int, list[int]] = {}
+        fresh = iter(range(1000, 10_000))
+        for chain, keep, extra in requests:
+            base = grown.get(chain, [0, 1] if chain % 2 else [])
+            ids = base[: len(base) - keep if keep < len(base) else len(base)]
+            ids = ids + [next(fresh) for _ in range(extra)]
+            grown[chain] = ids
+            request = keys(*ids)
+            hits = [manager.lookup(request) for manager in (real, model)]
+            assert hits[0] == hits[1]
+            outs = []
+            for manager in (real, model):
+                manager.touch(request)
+                outs.append(manager.prepare_store(request[hits[0] :]))
+            assert outs[0] == outs[1]
+            for manager, out in zip((real, model), outs, strict=True):
+                manager.touch(request)
+                if out is not None:
+                    manager.complete_store(out.block_hashes_to_store)
