@@ -23,7 +23,6 @@ class DensityModel(EvictionPolicy):
         self,
         capacity: int,
         *,
-        gen_cap: int,
         history: int,
         bucket_share: int,
         update_keys: int,
@@ -32,12 +31,12 @@ class DensityModel(EvictionPolicy):
         dead_share: float,
     ) -> None:
         super().__init__(capacity)
-        self.gen_cap, self.shared_class = gen_cap, gen_cap + 1
+        self.shared_class = 21 * 3 * 2  # after every chain class
         self.limit = history * capacity
         self.width = max(1, capacity // bucket_share)
         self.update_keys, self.buckets = update_keys, buckets
         self.decay, self.dead_share = decay, dead_share
-        classes = gen_cap + 2
+        classes = self.shared_class + 1
         self.order: list[list[BlockHash]] = [[] for _ in range(classes)]
         self.cls: dict[BlockHash, int] = {}
         self.time: dict[BlockHash, int] = {}
@@ -49,7 +48,8 @@ class DensityModel(EvictionPolicy):
         self.floor = 0.0
         self.now = self.looked_up = 0
         self.next_update = update_keys
-        self.incoming = 0
+        self.body = self.tail_class = 1  # generation 0, depth 0, not a tail
+        self.tail: BlockHash | None = None
         self.shared: set[BlockHash] = set()
 
     def __len__(self) -> int:
@@ -57,6 +57,13 @@ class DensityModel(EvictionPolicy):
 
     def __contains__(self, key: object) -> bool:
         return key in self.cls
+
+    @staticmethod
+    def chain_class(generation: int, depth: int, tail: bool) -> int:
+        """Generations 0-15, 16-17, 18-19, 20-21, 22-23, 24+; depths 0-1, 2-7, 8+."""
+        g = generation if generation < 16 else min(16 + (generation - 16) // 2, 20)
+        d = 0 if depth < 2 else 1 if depth < 8 else 2
+        return (g * 3 + d) * 2 + (0 if tail else 1)
 
     # -- the prefix history ----------------------------------------------------------
 
@@ -111,8 +118,13 @@ class DensityModel(EvictionPolicy):
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
         self.now = self.looked_up
+        depth = 0
+        while depth < len(keys) and keys[depth] in self.cls:
+            depth += 1
         generation, last_shared = self._classify(keys)
-        self.incoming = min(generation, self.gen_cap)
+        self.body = self.chain_class(generation, depth, tail=False)
+        self.tail_class = self.chain_class(generation, depth, tail=True)
+        self.tail = keys[-1] if keys else None
         self.shared = set(keys[: last_shared + 1])
         for i, key in enumerate(keys):
             if key not in self.cls:
@@ -120,7 +132,10 @@ class DensityModel(EvictionPolicy):
             old = self.cls[key]
             self.hits[old][self._bucket(self.now - self.time[key])] += 1
             self.time[key] = self.now
-            new = self.shared_class if i <= last_shared else self.incoming
+            if i <= last_shared:
+                new = self.shared_class
+            else:
+                new = self.tail_class if i == len(keys) - 1 else self.body
             if new != old:
                 self.order[old].remove(key)
                 self.order[new].append(key)
@@ -131,7 +146,10 @@ class DensityModel(EvictionPolicy):
             self._update()
 
     def add(self, key: BlockHash) -> None:
-        c = self.shared_class if key in self.shared else self.incoming
+        if key in self.shared:
+            c = self.shared_class
+        else:
+            c = self.tail_class if key == self.tail else self.body
         self.order[c].append(key)
         self.cls[key] = c
         self.time[key] = self.now
@@ -183,7 +201,6 @@ def density_model(capacity: int) -> EvictionPolicy:
 
     return DensityModel(
         capacity,
-        gen_cap=density.GEN_CAP,
         history=density.HISTORY,
         bucket_share=density.BUCKET_SHARE,
         update_keys=density.UPDATE_KEYS,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from kvtier.blocks import BlockHash, Medium
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import density, hit_density, make_policy
-from kvtier.scheduler.policies.density import SHARED, DensityPolicy
+from kvtier.scheduler.policies.density import SHARED, DensityPolicy, chain_class
 from kvtier.scheduler.policies.hit_density import BUCKETS, HitDensity
 from kvtier.scheduler.policies.prefix_history import PrefixHistory
 from kvtier.sim.replay import replay
@@ -129,15 +129,33 @@ def _serve(manager: TierManager, ids: list[int]) -> int:
     return hit
 
 
+def test_chain_classes_count_generation_depth_and_tail() -> None:
+    assert chain_class(0, 0, tail=False) == 1 and chain_class(0, 0, tail=True) == 0
+    assert chain_class(0, 1, tail=False) == 1  # depths 0 and 1 share a bucket
+    assert chain_class(0, 2, tail=False) == 3 and chain_class(0, 7, tail=False) == 3
+    assert chain_class(0, 8, tail=False) == 5 and chain_class(0, 10**6, tail=False) == 5
+    assert chain_class(15, 0, tail=True) == 15 * 6
+    assert chain_class(16, 0, tail=True) == chain_class(17, 0, tail=True) == 16 * 6
+    assert chain_class(18, 0, tail=True) == 17 * 6
+    assert chain_class(24, 0, tail=True) == chain_class(10**6, 0, tail=True) == 20 * 6
+    assert SHARED == 21 * 6  # after every chain class
+
+
 def test_blocks_take_their_requests_class_and_shared_prefixes_their_own() -> None:
     policy = DensityPolicy(64)
     manager = TierManager(medium=Medium.CPU, num_blocks=64, block_size=16, policy=policy)
-    _serve(manager, [1, 2, 3])  # generation 0
-    _serve(manager, [1, 2, 3, 4])  # generation 1: every block of it
-    assert [policy.class_of(key) for key in keys(1, 2, 3, 4)] == [1, 1, 1, 1]
-    _serve(manager, [1, 2, 5])  # 2 branches: 1 and 2 shared; 5 is generation 1
-    assert [policy.class_of(key) for key in keys(1, 2, 5)] == [SHARED, SHARED, 1]
-    assert [policy.class_of(key) for key in keys(3, 4)] == [1, 1]  # not looked up since
+    _serve(manager, [1, 2, 3])  # generation 0, hit depth 0
+    assert [policy.class_of(key) for key in keys(1, 2, 3)] == [1, 1, 0]  # 3: the tail
+    _serve(manager, [1, 2, 3, 4])  # generation 1, hit depth 3
+    body, tail = chain_class(1, 3, tail=False), chain_class(1, 3, tail=True)
+    assert [policy.class_of(key) for key in keys(1, 2, 3, 4)] == [body, body, body, tail]
+    _serve(manager, [1, 2, 5])  # 2 branches: 1 and 2 shared; 5 is generation 1, depth 2
+    assert [policy.class_of(key) for key in keys(1, 2, 5)] == [
+        SHARED,
+        SHARED,
+        chain_class(1, 2, tail=True),
+    ]
+    assert [policy.class_of(key) for key in keys(3, 4)] == [body, tail]  # not looked up since
 
 
 def test_the_blocks_of_chains_that_end_go_first() -> None:
@@ -149,21 +167,23 @@ def test_the_blocks_of_chains_that_end_go_first() -> None:
         for chain in range(100, 300, 10):  # 20 chains of two turns, never seen again
             _serve(manager, [chain, chain + 1])
             _serve(manager, [chain, chain + 1, chain + 2])
-        # The second turns' class (generation 1) is dead; the first turns' (0) is not:
-        # every first turn was continued, and its hits were counted.
-        now = policy._now
-        assert policy._density.rank(1, 0)[1] is False
-        assert policy._density.rank(0, 0)[1] is True
-        _serve(manager, [900, 901])  # a new chain: its first turn, generation 0
+        # The second turns' classes (generation 1, hit depth 2) are dead; the first
+        # turns' (generation 0) are not: every first turn was continued, and its hits
+        # were counted.
+        second = {chain_class(1, 2, tail=False), chain_class(1, 2, tail=True)}
+        for cls in second:
+            assert policy._density.rank(cls, 0)[1] is False
+        for tail in (False, True):
+            assert policy._density.rank(chain_class(0, 0, tail), 0)[1] is True
+        _serve(manager, [900, 901])  # new chains: their first turns, generation 0
         _serve(manager, [910, 911])
         _serve(manager, [920, 921])
-        assert policy._now > now
         # The coldest blocks are second turns stored long before 900..921, and each
         # class's coldest is compared: a finished chain's blocks go, the new
         # chains' stay.
         victims = policy.choose_victims(3, lambda key: False, (), [])
         assert victims is not None
-        assert [policy.class_of(key) for key in victims] == [1, 1, 1]
+        assert {policy.class_of(key) for key in victims} <= second
         assert not set(victims) & set(keys(900, 901, 910, 911, 920, 921))
 
 
@@ -189,7 +209,7 @@ def test_replay_figures_of_a_chat_where_conversations_end() -> None:
             chats[i] = (history, turns + 1)
     trace = trace_from_requests(rows, block_size=16, source="chats of four turns")
     hits = {name: replay(trace, 64, name).ratios.hit_blocks for name in ("lru", "arc", "density")}
-    assert hits == {"lru": 12354, "arc": 11710, "density": 15188}
+    assert hits == {"lru": 12354, "arc": 11710, "density": 15169}
 
 
 # -- against the model, with tables recomputed every few keys -------------------------

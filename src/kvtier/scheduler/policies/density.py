@@ -7,26 +7,40 @@ continue is worth more than any one of them. This policy learns such facts from 
 traffic, per *class* of block, and evicts by what it learned::
 
     observe(keys) ─► PrefixHistory: the request's generation g and shared prefix
-                  ─► class of its blocks: SHARED for the shared prefix, else min(g, GEN_CAP)
+                  ─► the class of each of its blocks (``request_class``): SHARED for
+                     the shared prefix, else by (g, how deep it hit, last key or not)
                   ─► each resident block of the request: a hit at its age, for the
-                     class it had (HitDensity), then it takes the request's class
+                     class it had (HitDensity), then it takes its new class
     choose_victims ─► the coldest evictable block of each class, ranked by
                       HitDensity.rank(class, age): the lowest density goes first
 
-A request's blocks share its class, so within a class the recency order keeps a
-chain's head warmer than its tail (the first key is touched last) and tails go first.
+The class of a chain block (not shared) is made of three facts of the request that
+last used it:
+
+* its generation, exact up to 15, then in pairs, 24 and over together
+  (``GENERATIONS`` buckets): how long this chain has gone on;
+* how many of its leading blocks the tier held when it was looked up: 0-1, 2-7 or 8
+  and more (``DEPTHS``): a request that hit deep continues a live chain, one that
+  hit nothing starts a new one or comes back after its chain was evicted;
+* whether it was the request's last block (``TAILS``): often a partial block that no
+  later request shares (half the reuse of the others on the Mooncake trace).
+
+The blocks of a request share a class but its last, so within a class the recency
+order keeps a chain's head warmer than its tail (the first key is touched last).
 Ages count looked-up keys: a block's age is how many keys were looked up since its
 last use. Every ``UPDATE_KEYS`` looked-up keys the density tables are recomputed.
 
-Each class is a ``RecencyList`` (held blocks parked), so a search for victims costs
-O(classes + victims * log classes), not O(pinned). ``docs/simulate.md`` has its
-cells against LRU and ARC (issue 14).
+Each class is a ``RecencyList`` (held blocks parked). A search for victims peeks at
+the coldest block of each class that holds any, keeps them in a heap by rank and
+takes the lowest, then that class's next: O(classes + victims * log classes), not
+O(pinned). ``docs/simulate.md`` has its cells against LRU and ARC (issue 14).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Generator, Iterator, Sequence
+from itertools import takewhile
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
@@ -34,10 +48,16 @@ from kvtier.scheduler.policies.hit_density import HitDensity
 from kvtier.scheduler.policies.prefix_history import PrefixHistory
 from kvtier.scheduler.policies.recency import RecencyList
 
-GEN_CAP = 24
-"""Generations from this one on share a class."""
+GENERATIONS = 21
+"""Generation buckets: 0-15 exact, then 16-17, 18-19, 20-21, 22-23, and 24 and over."""
 
-SHARED = GEN_CAP + 1
+DEPTHS = 3
+"""Buckets of the request's hit depth: 0-1, 2-7, 8 and more blocks."""
+
+TAILS = 2
+"""A request's last block, or any other."""
+
+SHARED = GENERATIONS * DEPTHS * TAILS
 """The class of shared-prefix blocks (branching points and the keys before them)."""
 
 CLASSES = SHARED + 1
@@ -50,6 +70,23 @@ BUCKET_SHARE = 4
 
 UPDATE_KEYS = 4096
 """Looked-up keys between recomputations of the density tables."""
+
+
+def generation_bucket(generation: int) -> int:
+    """The generation's bucket (see ``GENERATIONS``)."""
+    if generation < 16:
+        return generation
+    return min(16 + (generation - 16) // 2, GENERATIONS - 1)
+
+
+def depth_bucket(depth: int) -> int:
+    """The bucket of a hit depth (see ``DEPTHS``)."""
+    return min(depth.bit_length() // 2, DEPTHS - 1)
+
+
+def chain_class(generation: int, depth: int, tail: bool) -> int:
+    """The class of a chain block (not shared) of a request."""
+    return (generation_bucket(generation) * DEPTHS + depth_bucket(depth)) * TAILS + (not tail)
 
 
 class DensityPolicy(EvictionPolicy):
@@ -67,8 +104,10 @@ class DensityPolicy(EvictionPolicy):
         self._now = 0  # the looked-up keys' count before the last request: its time
         self._looked_up = 0
         self._next_update = UPDATE_KEYS
-        self._incoming = 0  # the class of the last request's new blocks
-        self._shared: frozenset[BlockHash] | Collection[BlockHash] = ()
+        # The last request's classes for blocks it stores: its tail key's, the others'.
+        self._tail: BlockHash | None = None
+        self._tail_class = self._body_class = chain_class(0, 0, tail=False)
+        self._shared: frozenset[BlockHash] | tuple[()] = ()
 
     def __len__(self) -> int:
         return len(self._class)
@@ -87,18 +126,21 @@ class DensityPolicy(EvictionPolicy):
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
         now = self._now = self._looked_up
-        generation, last_shared = self._history.classify(keys)
-        cls = min(generation, GEN_CAP)
-        self._incoming = cls
-        self._shared = frozenset(keys[: last_shared + 1]) if last_shared >= 0 else ()
         classes, last, lists, density = self._class, self._last, self._lists, self._density
+        depth = len(list(takewhile(classes.__contains__, keys)))
+        generation, last_shared = self._history.classify(keys)
+        body = self._body_class = chain_class(generation, depth, tail=False)
+        self._tail_class = body - 1
+        self._tail = keys[-1] if keys else None
+        self._shared = frozenset(keys[: last_shared + 1]) if last_shared >= 0 else ()
+        end = len(keys) - 1
         for i, key in enumerate(keys):
             old = classes.get(key)
             if old is None:
                 continue
             density.hit(old, now - last[key])
             last[key] = now
-            new = SHARED if i <= last_shared else cls
+            new = SHARED if i <= last_shared else body if i < end else body - 1
             if new != old:
                 lists[old].remove(key)
                 lists[new].add(key)
@@ -111,7 +153,9 @@ class DensityPolicy(EvictionPolicy):
     # -- the policy protocol ------------------------------------------------------
 
     def _class_for_new(self, key: BlockHash) -> int:
-        return SHARED if key in self._shared else self._incoming
+        if key in self._shared:
+            return SHARED
+        return self._tail_class if key == self._tail else self._body_class
 
     def add(self, key: BlockHash) -> None:
         cls = self._class_for_new(key)
@@ -120,11 +164,11 @@ class DensityPolicy(EvictionPolicy):
         self._last[key] = self._now
 
     def add_all(self, keys: Sequence[BlockHash]) -> None:
-        if self._shared:
+        if self._shared or self._tail in keys:
             for key in keys:
                 self.add(key)
             return
-        cls = self._incoming
+        cls = self._body_class  # the usual store of a request's new blocks but its tail
         self._lists[cls].add_all(keys)
         self._class.update(dict.fromkeys(keys, cls))
         self._last.update(dict.fromkeys(keys, self._now))
@@ -159,17 +203,14 @@ class DensityPolicy(EvictionPolicy):
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
         now, last, rank = self._now, self._last, self._density.rank
-        searches: list[Generator[BlockHash, None, None]] = []
+        searches: dict[int, Generator[BlockHash, None, None]] = {}
         heap: list[tuple[tuple[float, bool, int, float], int, BlockHash]] = []
         for cls, blocks in enumerate(self._lists):
             if blocks:
-                search = blocks.evictable(is_held, protected)
-                searches.append(search)
+                search = searches[cls] = blocks.evictable(is_held, protected)
                 key = next(search, None)
                 if key is not None:
                     heap.append((rank(cls, now - last[key]), cls, key))
-            else:
-                searches.append(_NOTHING)
         heapq.heapify(heap)
         victims: list[BlockHash] = []
         try:
@@ -180,7 +221,7 @@ class DensityPolicy(EvictionPolicy):
                 if following is not None:
                     heapq.heappush(heap, (rank(cls, now - last[following]), cls, following))
         finally:
-            for search in searches:
+            for search in searches.values():
                 search.close()
         return victims if len(victims) == n else None
 
@@ -191,12 +232,3 @@ class DensityPolicy(EvictionPolicy):
             cls = classes.pop(key)
             evicted(cls, now - last.pop(key))
             lists[cls].remove(key)
-
-
-def _nothing() -> Generator[BlockHash, None, None]:
-    yield from ()
-
-
-_NOTHING = _nothing()
-"""An exhausted search, for the classes with no blocks (closing it again is harmless)."""
-_NOTHING.close()
