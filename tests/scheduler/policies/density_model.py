@@ -19,6 +19,8 @@ from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 class DensityModel(EvictionPolicy):
     """The ``density`` policy, plainly."""
 
+    name = "density"
+
     def __init__(
         self,
         capacity: int,

@@ -411,10 +411,11 @@ CANDIDATE_MODELS: tuple[Callable[[int], EvictionPolicy], ...] = (
     ARCModel,
     SLRUModel,
     _branch_model,
+    density_model,
 )
 """The leader's shadows' models, in ``leader.CANDIDATES``' order."""
 
-CANDIDATE_NAMES = ("lru", "arc", "slru", "branch")
+CANDIDATE_NAMES = ("lru", "arc", "slru", "branch", "density")
 
 
 class _ShadowModel:

@@ -31,7 +31,7 @@ def _never_held(key: BlockHash) -> bool:
     return False
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("capacity", [1, 2, 3, 5])
 def test_each_shadow_serves_a_request_as_its_model_does(index: int, capacity: int) -> None:
     shadow = leader._Shadow(leader.CANDIDATES[index], capacity)

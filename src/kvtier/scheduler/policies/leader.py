@@ -1,15 +1,17 @@
-"""Follow the leader: the tier keeps what the best of LRU, ARC, SLRU and branch would keep.
+"""Follow the leader: the tier keeps what the best of LRU, ARC, SLRU, branch and density would keep.
 
 Runs in the scheduler; pure Python. No fixed policy wins everywhere (``docs/simulate.md``):
 LRU is best when every block's next use is near (chat turns, re-asked documents), ARC
 or a segmented LRU when most blocks are used once and the reused ones come back from
-far, and ``branch`` (``policies/branch.py``: LRU that spares the prompts many requests
+far, ``density`` (``policies/density.py``: learned hit density per class of block)
+where chains end and prompts are shared (chat and agents at 1-25 %), and ``branch``
+(``policies/branch.py``: LRU that spares the prompts many requests
 continue) at small tiers under many conversations or agents on shared prompts. This
 policy runs each of them, unchanged, as a keys-only *shadow* of the tier and makes the
 tier follow the best shadow of the moment::
 
-    observe(keys) ──► each shadow (a real lru / arc / slru / branch policy over keys
-                      only; branch first learns the request's prefix structure)
+    observe(keys) ──► each shadow (a real lru / arc / slru / branch / density policy
+                      over keys only; branch and density first learn from the request)
                       serves the request as the manager would: prefix hit counted,
                       resident keys used, missing keys stored (its own evictions)
 
@@ -82,6 +84,7 @@ from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 from kvtier.scheduler.policies.branch import SharedPrefixPolicy
+from kvtier.scheduler.policies.density import DensityPolicy
 from kvtier.scheduler.policies.hedge import Hedge
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
@@ -94,6 +97,7 @@ CANDIDATES: tuple[type[EvictionPolicy], ...] = (
     ARCPolicy,
     SegmentedLRUPolicy,
     SharedPrefixPolicy,
+    DensityPolicy,
 )
 """The policies the shadows run (``START`` leads first, until another scores better)."""
 
@@ -338,7 +342,7 @@ class _Rebuilt(EvictionPolicy):
         self._next = None
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        """Every request, sampled or not: a policy that learns (``branch``) learns the
+        """Every request, sampled or not: a policy that learns (``branch``, ``density``) learns the
         tier's whole traffic."""
         self.policy.observe(keys)
 
@@ -380,7 +384,7 @@ class _Rebuilt(EvictionPolicy):
 
 
 class LeaderPolicy(EvictionPolicy):
-    """The tier follows whichever of LRU, ARC, SLRU and branch has hit most lately (or,
+    """The tier follows whichever of LRU, ARC, SLRU, branch and density has hit most lately (or,
     in step, the hedge between the leader and the runner-up, while it hits more)."""
 
     name = "leader"
