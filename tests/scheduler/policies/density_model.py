@@ -4,7 +4,8 @@ Test oracle only (``policies/density.py``, ``hit_density.py``, ``prefix_history.
 Python lists per class (coldest first), a dict of times, the history as a dict of
 ``(generation, set of next keys)``, and each density computed by its defining sum
 (``sum(H[x]) / sum((x - a + 1) * (H[x] + E[x]))`` over ``x >= a``), not by the policy's
-backward pass. Victims: the coldest evictable block of each class, the one of lowest
+backward pass, each class's counts plus ``prior_events`` pseudo-events spread as the
+sum of all classes' counts. Victims: the coldest evictable block of each class, the one of lowest
 ``(density, alive, -age, density at age 0, class)`` first, again and again.
 """
 
@@ -31,13 +32,14 @@ class DensityModel(EvictionPolicy):
         buckets: int,
         decay: float,
         dead_share: float,
+        prior_events: float,
     ) -> None:
         super().__init__(capacity)
         self.shared_class = 21 * 3 * 2  # after every chain class
         self.limit = history * capacity
         self.width = max(1, capacity // bucket_share)
         self.update_keys, self.buckets = update_keys, buckets
-        self.decay, self.dead_share = decay, dead_share
+        self.decay, self.dead_share, self.prior_events = decay, dead_share, prior_events
         classes = self.shared_class + 1
         self.order: list[list[BlockHash]] = [[] for _ in range(classes)]
         self.cls: dict[BlockHash, int] = {}
@@ -97,17 +99,25 @@ class DensityModel(EvictionPolicy):
         return min(age // self.width, self.buckets - 1)
 
     def _update(self) -> None:
+        classes = range(len(self.order))
+        pool_hits = [sum(self.hits[c][b] for c in classes) for b in range(self.buckets)]
+        pool_evictions = [sum(self.evictions[c][b] for c in classes) for b in range(self.buckets)]
+        pool = sum(pool_hits) + sum(pool_evictions)
+        if pool == 0:
+            return
+        w = self.prior_events / pool
         best = 0.0
-        for c in range(len(self.order)):
-            hits, evictions = self.hits[c], self.evictions[c]
-            if sum(hits) + sum(evictions) == 0:
-                continue
+        for c in classes:
+            own = sum(self.hits[c]) + sum(self.evictions[c]) > 0
+            hits = [h + w * p for h, p in zip(self.hits[c], pool_hits, strict=True)]
+            evictions = [e + w * p for e, p in zip(self.evictions[c], pool_evictions, strict=True)]
             for a in range(self.buckets):
                 time = sum((x - a + 1) * (hits[x] + evictions[x]) for x in range(a, self.buckets))
                 self.tables[c][a] = sum(hits[a:]) / time if time > 0 else 0.0
-            best = max(best, self.tables[c][0])
-            self.hits[c] = [h * self.decay for h in hits]
-            self.evictions[c] = [e * self.decay for e in evictions]
+            if own:
+                best = max(best, self.tables[c][0])
+            self.hits[c] = [h * self.decay for h in self.hits[c]]
+            self.evictions[c] = [e * self.decay for e in self.evictions[c]]
         self.floor = self.dead_share * best
 
     def _rank(self, key: BlockHash) -> tuple[float, bool, int, float, int]:
@@ -209,4 +219,5 @@ def density_model(capacity: int) -> EvictionPolicy:
         buckets=hit_density.BUCKETS,
         decay=hit_density.DECAY,
         dead_share=hit_density.DEAD_SHARE,
+        prior_events=hit_density.PRIOR_EVENTS,
     )

@@ -585,7 +585,9 @@ class LeaderModel(EvictionPolicy):
     ) -> None:
         super().__init__(capacity)
         self.rate = rate
-        self.shadows = [_ShadowModel(make(capacity // rate)) for make in CANDIDATE_MODELS]
+        # a sampled leader runs no density shadow (``leader.IN_STEP_ONLY``), the last one
+        candidates = CANDIDATE_MODELS if rate == 1 else CANDIDATE_MODELS[:-1]
+        self.shadows = [_ShadowModel(make(capacity // rate)) for make in candidates]
         self.leader = start
         self.runner = 1 if start == 0 else 0
         self.hedge: _ShadowModel | None = None

@@ -41,7 +41,11 @@ def _small_samples(mp: pytest.MonkeyPatch) -> None:
 def test_large_tiers_sample_their_shadows_as_adaptive_does(capacity: int, rate: int) -> None:
     policy = LeaderPolicy(capacity)
     assert policy.sample_rate == rate == sampling.sample_rate(capacity)
-    assert [s.capacity for s in policy._shadows] == [capacity // rate] * len(leader.CANDIDATES)
+    # a sampled leader runs no shadow of the in-step-only candidates (density)
+    shadows = len(leader.CANDIDATES) - (len(leader.IN_STEP_ONLY) if rate > 1 else 0)
+    assert [s.capacity for s in policy._shadows] == [capacity // rate] * shadows
+    names = [s.policy.name for s in policy._shadows]
+    assert ("density" in names) == (rate == 1)
 
 
 @pytest.mark.parametrize(("start", "name"), list(enumerate(("lru", "arc", "slru"))))

@@ -101,6 +101,11 @@ CANDIDATES: tuple[type[EvictionPolicy], ...] = (
 )
 """The policies the shadows run (``START`` leads first, until another scores better)."""
 
+IN_STEP_ONLY: tuple[type[EvictionPolicy], ...] = (DensityPolicy,)
+"""Candidates a sampled leader (R > 1) runs no shadow of, last in ``CANDIDATES``:
+``density`` learns per class from what it sees, and a shadow shown 1 request in R
+with capacity / R would learn little for its cost (its lookups cost ~10x LRU's)."""
+
 DECAY = 0.75
 """Weight of the past at each decision (the scores remember about four windows)."""
 
@@ -393,7 +398,8 @@ class LeaderPolicy(EvictionPolicy):
         super().__init__(capacity)
         rate = sample_rate(capacity)
         self._mask = rate - 1
-        self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in CANDIDATES)
+        candidates = CANDIDATES if rate == 1 else [c for c in CANDIDATES if c not in IN_STEP_ONLY]
+        self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in candidates)
         self._leader = START
         self._runner = 1 if START == 0 else 0  # the first but the leader: every score is 0
         leader = self._shadows[START]
