@@ -1,0 +1,133 @@
+"""``density`` or ``leader`` with one of ``density``'s parts changed, on issue 14's cells.
+
+Replays the policy with module constants set in the worker processes, on the workloads
+and capacities of ``policy_cells.py``, and prints per workload the hit blocks minus
+max(lru, arc) (read from a cell run of the same lru/arc code), then the cell counts.
+Variants, joined by ``+`` for several at once:
+
+* ``prior_<x>``: ``hit_density.PRIOR_EVENTS`` (``prior_0``: no shrinkage toward the
+  pool -- and a class with no events of its own then has an all-zero table);
+* ``dead_<x>``: ``hit_density.DEAD_SHARE``;
+* ``decay_<x>``: ``hit_density.DECAY``;
+* ``depths_1``, ``tails_1``: a chain class without the hit depth or the tail bit;
+* ``update_<n>``: ``density.UPDATE_KEYS``; ``bucket_<n>``: ``density.BUCKET_SHARE``;
+* ``history_<n>``: ``density.HISTORY``;
+* ``start_<i>``: ``leader.START`` (with ``--policy leader``; 4 is density);
+* ``nohedge``: ``leader.HEDGE_SIGNIFICANCE`` = inf (the tier never follows the hedge).
+
+Run from the repository root::
+
+    PYTHONPATH=src nice python benchmarks/density_variants.py prior_0 CELLS_JSON \
+        [--policy leader] [--seeds 4,5] [--out benchmarks/results/....json]
+
+``CELLS_JSON``: a ``policy_cells.py`` run of the same seeds (its lru and arc rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import policy_cells as pc
+
+from kvtier.bench.report import git_commit, machine_info
+from kvtier.scheduler.policies import density, hit_density, leader
+from kvtier.sim.replay import replay
+
+_SETTINGS = {
+    "prior": (hit_density, "PRIOR_EVENTS", float),
+    "dead": (hit_density, "DEAD_SHARE", float),
+    "decay": (hit_density, "DECAY", float),
+    "depths": (density, "DEPTHS", int),
+    "tails": (density, "TAILS", int),
+    "update": (density, "UPDATE_KEYS", int),
+    "bucket": (density, "BUCKET_SHARE", int),
+    "history": (density, "HISTORY", int),
+    "start": (leader, "START", int),
+}
+
+
+def _patch(variants: str) -> None:
+    for variant in variants.split("+"):
+        if variant == "nohedge":
+            leader.HEDGE_SIGNIFICANCE = math.inf
+            continue
+        name, _, value = variant.partition("_")
+        if name not in _SETTINGS or not value:
+            raise SystemExit(f"unknown variant {variant!r}")
+        module, attr, kind = _SETTINGS[name]
+        setattr(module, attr, kind(value))
+
+
+def _job(args: tuple[str, str, str]) -> tuple[str, list[int]]:
+    workload, variants, policy = args
+    _patch(variants)
+    trace = pc._trace(workload)
+    caps = [round(share * trace.num_distinct_blocks) for share in pc.SHARES]
+    return workload, [replay(trace, cap, policy).ratios.hit_blocks for cap in caps]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants")
+    parser.add_argument("cells", type=Path)
+    parser.add_argument("--policy", default="density")
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="write the hit blocks and counts as JSON")
+    args = parser.parse_args()
+    rows = {row["workload"]: row for row in json.loads(args.cells.read_text())["rows"]}
+    seeds = tuple(int(seed) for seed in args.seeds.split(","))
+    workloads = [w for w in pc._workloads(seeds) if w in rows]
+    start = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        jobs = [(w, args.variants, args.policy) for w in workloads]
+        results = list(pool.map(_job, jobs))
+    counts = [0, 0, 0]
+    net = lost = 0
+    for workload, hits in results:
+        ref = rows[workload]["hit_blocks"]
+        diffs = [h - max(a, b) for h, a, b in zip(hits, ref["lru"], ref["arc"], strict=True)]
+        for d in diffs:
+            counts[0 if d > 0 else 1 if d == 0 else 2] += 1
+            net += d
+            lost += min(d, 0)
+        print(f"{workload:>16}: " + " ".join(f"{d:+7d}{'X' if d < 0 else ' '}" for d in diffs))
+    print(
+        f"{args.policy} {args.variants}: above {counts[0]}, equal {counts[1]}, "
+        f"below {counts[2]}; net {net:+,}, lost {lost:,}; {time.perf_counter() - start:.0f} s"
+    )
+    if args.out:
+        doc = {
+            "benchmark": "density_variants",
+            "machine": machine_info(),
+            "commit": git_commit(),
+            "load_average": os.getloadavg(),
+            "configuration": {
+                "variants": args.variants,
+                "policy": args.policy,
+                "seeds": seeds,
+                "cells": str(args.cells),
+                "shares": pc.SHARES,
+            },
+            "hit_blocks": dict(results),
+            "summary": {
+                "above": counts[0],
+                "equal": counts[1],
+                "below": counts[2],
+                "net": net,
+                "lost": lost,
+            },
+        }
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
