@@ -12,7 +12,8 @@ Variants, joined by ``+`` for several at once:
 * ``depths_1``, ``tails_1``: a chain class without the hit depth or the tail bit;
 * ``update_<n>``: ``density.UPDATE_KEYS``; ``bucket_<n>``: ``density.BUCKET_SHARE``;
 * ``history_<n>``: ``density.HISTORY``;
-* ``start_<i>``: ``leader.START`` (with ``--policy leader``; 4 is density);
+* ``start_<i>``: ``leader.START`` (with ``--policy leader``; 4 is density, and then a
+  sampled tier runs a density shadow too: ``leader.IN_STEP_ONLY`` emptied);
 * ``nohedge``: ``leader.HEDGE_SIGNIFICANCE`` = inf (the tier never follows the hedge).
 
 Run from the repository root::
@@ -64,6 +65,8 @@ def _patch(variants: str) -> None:
             raise SystemExit(f"unknown variant {variant!r}")
         module, attr, kind = _SETTINGS[name]
         setattr(module, attr, kind(value))
+        if name == "start" and leader.CANDIDATES[leader.START] in leader.IN_STEP_ONLY:
+            leader.IN_STEP_ONLY = ()
 
 
 def _job(args: tuple[str, str, str]) -> tuple[str, list[int]]:
