@@ -13,8 +13,10 @@ Variants, joined by ``+`` for several at once:
 * ``update_<n>``: ``density.UPDATE_KEYS``; ``bucket_<n>``: ``density.BUCKET_SHARE``;
 * ``history_<n>``: ``density.HISTORY``;
 * ``start_<i>``: ``leader.START`` (with ``--policy leader``; 4 is density, and then a
-  sampled tier runs a density shadow too: ``leader.IN_STEP_ONLY`` emptied);
-* ``nohedge``: ``leader.HEDGE_SIGNIFICANCE`` = inf (the tier never follows the hedge).
+  sampled tier runs a density shadow too: ``leader.IN_STEP_ONLY`` emptied).
+
+(``nohedge``, the leader's hedge never followed, went with the hedge; ``8dfc987``'s
+copy has it.)
 
 Run from the repository root::
 
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -57,9 +58,6 @@ _SETTINGS = {
 
 def _patch(variants: str) -> None:
     for variant in variants.split("+"):
-        if variant == "nohedge":
-            leader.HEDGE_SIGNIFICANCE = math.inf
-            continue
         name, _, value = variant.partition("_")
         if name not in _SETTINGS or not value:
             raise SystemExit(f"unknown variant {variant!r}")

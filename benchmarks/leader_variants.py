@@ -12,24 +12,15 @@ be from the same commit's cell run). Variants:
   ``MARGIN``, ``DECAY``, ``EARLY`` or ``SIGNIFICANCE`` (``early_inf``: the rule
   without ``EARLY`` decisions; ``significance_0``: the rule before ``SIGNIFICANCE``,
   where the best decayed score leads);
-* ``hedgeshare_<x>``, ``hedgesig_<x>``: another ``HEDGE_SHARE`` or
-  ``HEDGE_SIGNIFICANCE`` (``hedgesig_inf``: the tier never follows the hedge, the
-  rule before it);
 * ``first_<n>``: the first decision after ``n`` windows;
 * ``efirst_<k>``: ``EARLY`` = ``k`` until the first switch away from ``START``;
 * ``window_<n>``: another ``WINDOW_MIN``;
-* the round-9 screens of the hedge's use (``docs/simulate.md``, none kept):
-  ``hedgestart`` (the tier follows the hedge from the start), ``hedgeswitch`` (after
-  every change of leader), ``hedgefirst`` (after the first), ``hedgeswitchpair`` (after
-  a change that leaves LRU and ARC the pair), ``hedgeswitchbetter`` (after a change,
-  if the hedge's decayed score beats the new leader's), ``hedgeprobation`` (for one
-  window after a change), ``hedgeback_<k>`` (back to the leader on a lead of ``k``
-  standard deviations), ``hedgepair_<k>`` (``HEDGE_SIGNIFICANCE`` ``k`` while the pair is
-  LRU and ARC), ``sigother_<k>`` (``SIGNIFICANCE`` ``k`` for SLRU and branch
-  challengers);
+* ``sigother_<k>``: ``SIGNIFICANCE`` ``k`` for SLRU and branch challengers;
 * several at once, joined by ``+`` (``window_16384+early_3``).
 
-Run from the repository root::
+The hedge's variants (``hedgeshare_``, ``hedgesig_``, the round-9 ``hedgestart``,
+``hedgeswitch``, ...) went with the hedge in the tenth round; ``8dfc987``'s copy of
+this file has them. Run from the repository root::
 
     PYTHONPATH=src nice python benchmarks/leader_variants.py rebuilt_r1 [CELLS_JSON]
 
@@ -67,8 +58,7 @@ def _patch(variants: str) -> None:
 def _patch_one(variant: str) -> None:
     from kvtier.scheduler.policies import leader, sampling
 
-    if variant == "rebuilt_r1":  # (a rebuilt tier cannot follow the hedge)
-        leader.HEDGE_SIGNIFICANCE = float("inf")
+    if variant == "rebuilt_r1":
         init = leader.LeaderPolicy.__init__
 
         def rebuilt(self: leader.LeaderPolicy, capacity: int) -> None:
@@ -93,32 +83,12 @@ def _patch_one(variant: str) -> None:
         leader.EARLY = float(variant.removeprefix("early_"))
     elif variant.startswith("decay_"):
         leader.DECAY = float(variant.removeprefix("decay_"))
-    elif variant.startswith("hedgeshare_"):
-        leader.HEDGE_SHARE = float(variant.removeprefix("hedgeshare_"))
-    elif variant.startswith("hedgesig_"):
-        leader.HEDGE_SIGNIFICANCE = float(variant.removeprefix("hedgesig_"))
     elif variant.startswith("significance_"):
         leader.SIGNIFICANCE = float(variant.removeprefix("significance_"))
     elif variant.startswith("efirst_"):  # another EARLY until the first switch
         _early_first(float(variant.removeprefix("efirst_")))
-    elif variant == "hedgestart":  # the tier follows the hedge from the start
-        _hedge_start()
-    elif variant == "hedgeswitch":  # the tier follows the hedge after each switch
-        _hedge_switch(pairs=False)
-    elif variant == "hedgeswitchpair":  # the same, only between LRU and ARC
-        _hedge_switch(pairs=True)
     elif variant.startswith("sigother_"):  # SIGNIFICANCE k for SLRU / branch challengers
         _sig_other(float(variant.removeprefix("sigother_")))
-    elif variant == "hedgefirst":  # ... after the first switch only
-        _hedge_switch(pairs=False, first=True)
-    elif variant == "hedgeswitchbetter":  # ... after a switch, if it scores better
-        _hedge_switch(pairs=False, better=True)
-    elif variant == "hedgeprobation":  # the hedge for one window after a switch
-        _hedge_probation()
-    elif variant.startswith("hedgeback_"):  # another bar for going back to the leader
-        _hedge_back(float(variant.removeprefix("hedgeback_")))
-    elif variant.startswith("hedgepair_"):  # HEDGE_SIGNIFICANCE k while the pair is LRU, ARC
-        _hedge_pair(float(variant.removeprefix("hedgepair_")))
     elif variant.startswith("sampled_"):
         sampling.FULL_SHADOWS_BELOW = 0
         sampling.SAMPLED_SHADOW_BLOCKS = int(variant.removeprefix("sampled_"))
@@ -150,54 +120,6 @@ def _early_first(k: float) -> None:
     leader.LeaderPolicy._decide = decided  # type: ignore[method-assign]
 
 
-def _hedge_start() -> None:
-    """``hedgestart``: the tier follows the hedge (``_hedged``) from the start, until the
-    leader leads it by ``HEDGE_SIGNIFICANCE`` standard deviations."""
-    from kvtier.scheduler.policies import leader
-
-    init = leader.LeaderPolicy.__init__
-
-    def hedged(self: leader.LeaderPolicy, capacity: int) -> None:
-        init(self, capacity)
-        if self._hedge is not None:
-            self._hedged = True
-            self._follow()
-
-    leader.LeaderPolicy.__init__ = hedged  # type: ignore[method-assign]
-
-
-def _hedge_switch(pairs: bool, better: bool = False, first: bool = False) -> None:
-    """``hedgeswitch``: after each change of leader the tier follows the hedge (between
-    the new leader and the runner-up), until the leader leads it significantly;
-    ``hedgeswitchpair``: only when the two are LRU and ARC; ``hedgeswitchbetter``:
-    only when the hedge's decayed score beats the new leader's (no significance; a
-    tier that follows the hedge goes on following it)."""
-    from kvtier.scheduler.policies import leader
-
-    decide, test = leader.LeaderPolicy._decide, leader.LeaderPolicy._test_hedge
-
-    def decided(self: leader.LeaderPolicy, clear: bool) -> None:
-        self._switching = self._leader
-        try:
-            decide(self, clear)
-        finally:
-            self._switching = None
-
-    def tested(self: leader.LeaderPolicy, scores: list[float], spread: float) -> None:
-        before = getattr(self, "_switching", None)
-        if before is not None and before != self._leader:
-            takes = not (first and getattr(self, "_switched", False))
-            takes = takes and (not pairs or {self._leader, self._runner} == {0, 1})
-            takes = takes and (not better or scores[len(self._shadows)] > scores[self._leader])
-            if takes:
-                self._hedged = True
-            self._switched = True
-        test(self, scores, spread)
-
-    leader.LeaderPolicy._decide = decided  # type: ignore[method-assign]
-    leader.LeaderPolicy._test_hedge = tested  # type: ignore[method-assign]
-
-
 def _sig_other(k: float) -> None:
     """``sigother_<k>``: ``SIGNIFICANCE`` = ``k`` for a challenger that is neither LRU nor
     ARC (the issue's measure), the shipped bar for those two."""
@@ -216,69 +138,6 @@ def _sig_other(k: float) -> None:
             leader.SIGNIFICANCE = shipped
 
     leader.LeaderPolicy._challenger = challenged  # type: ignore[method-assign]
-
-
-def _hedge_probation() -> None:
-    """``hedgeprobation``: after a change of leader the tier follows the hedge until the
-    next decision, then the hedge only on the shipped evidence."""
-    from kvtier.scheduler.policies import leader
-
-    decide, test = leader.LeaderPolicy._decide, leader.LeaderPolicy._test_hedge
-
-    def decided(self: leader.LeaderPolicy, clear: bool) -> None:
-        self._switching = self._leader
-        try:
-            decide(self, clear)
-        finally:
-            self._switching = None
-
-    def tested(self: leader.LeaderPolicy, scores: list[float], spread: float) -> None:
-        before = getattr(self, "_switching", None)
-        if before is not None:  # a decision
-            if before != self._leader:
-                self._hedged = self._probation = True
-            elif getattr(self, "_probation", False):
-                self._hedged = self._probation = False
-        test(self, scores, spread)
-
-    leader.LeaderPolicy._decide = decided  # type: ignore[method-assign]
-    leader.LeaderPolicy._test_hedge = tested  # type: ignore[method-assign]
-
-
-def _hedge_back(k: float) -> None:
-    """``hedgeback_<k>``: the tier goes back from the hedge to the leader once the
-    leader's score leads the hedge's by ``k`` standard deviations (not the shipped
-    ``HEDGE_SIGNIFICANCE``, which still takes it to the hedge)."""
-    from kvtier.scheduler.policies import leader
-
-    test, shipped = leader.LeaderPolicy._test_hedge, leader.HEDGE_SIGNIFICANCE
-
-    def tested(self: leader.LeaderPolicy, scores: list[float], spread: float) -> None:
-        leader.HEDGE_SIGNIFICANCE = k if self._hedged else shipped
-        try:
-            test(self, scores, spread)
-        finally:
-            leader.HEDGE_SIGNIFICANCE = shipped
-
-    leader.LeaderPolicy._test_hedge = tested  # type: ignore[method-assign]
-
-
-def _hedge_pair(k: float) -> None:
-    """``hedgepair_<k>``: ``HEDGE_SIGNIFICANCE`` = ``k`` while the leader and the runner-up
-    are LRU and ARC (the issue's measure), the shipped bar otherwise."""
-    from kvtier.scheduler.policies import leader
-
-    test, shipped = leader.LeaderPolicy._test_hedge, leader.HEDGE_SIGNIFICANCE
-
-    def tested(self: leader.LeaderPolicy, scores: list[float], spread: float) -> None:
-        pair = {self._leader, self._runner} == {0, 1}
-        leader.HEDGE_SIGNIFICANCE = k if pair else shipped
-        try:
-            test(self, scores, spread)
-        finally:
-            leader.HEDGE_SIGNIFICANCE = shipped
-
-    leader.LeaderPolicy._test_hedge = tested  # type: ignore[method-assign]
 
 
 def _job(args: tuple[str, str]) -> tuple[str, list[int]]:

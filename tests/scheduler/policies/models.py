@@ -461,82 +461,6 @@ class _ShadowModel:
         return victims, new
 
 
-class HedgeModel(EvictionPolicy):
-    """``policies/hedge.py`` plainly: three lists (MRU last) classed by two shadows'
-    residents -- kept (the leader's), insured (the runner-up's only), none. Victims:
-    none, then insured while it holds more than ``share``, then kept, then insured."""
-
-    name = "hedge"
-
-    def __init__(self, capacity: int, share: int) -> None:
-        super().__init__(capacity)
-        self.share = share
-        self.none: list[BlockHash] = []
-        self.insured: list[BlockHash] = []
-        self.kept: list[BlockHash] = []
-        self.leads: _ShadowModel | None = None
-        self.backs: _ShadowModel | None = None
-
-    def _home(self, key: BlockHash) -> list[BlockHash]:
-        assert self.leads is not None and self.backs is not None
-        if key in self.leads.resident:
-            return self.kept
-        return self.insured if key in self.backs.resident else self.none
-
-    def place(self, keys: Sequence[BlockHash]) -> None:
-        for key in keys:
-            for segment in (self.none, self.insured, self.kept):
-                if key in segment and segment is not self._home(key):
-                    segment.remove(key)
-                    self._home(key).append(key)
-                    break
-
-    def pair(self, leads: _ShadowModel, backs: _ShadowModel) -> None:
-        self.leads, self.backs = leads, backs
-        for segment in (self.none, self.insured, self.kept):
-            self.place(list(segment))
-
-    def __len__(self) -> int:
-        return len(self.none) + len(self.insured) + len(self.kept)
-
-    def add(self, key: BlockHash) -> None:
-        self._home(key).append(key)
-
-    def touch(self, key: BlockHash, reused: bool) -> None:
-        for segment in (self.none, self.insured, self.kept):
-            if key in segment:
-                _to_mru(segment, key)
-
-    def remove(self, key: BlockHash) -> None:
-        for segment in (self.none, self.insured, self.kept):
-            if key in segment:
-                segment.remove(key)
-
-    def release(self, key: BlockHash) -> None:
-        pass
-
-    def choose_victims(
-        self,
-        n: int,
-        is_held: IsHeld,
-        protected: Collection[BlockHash],
-        incoming: Sequence[BlockHash],
-    ) -> list[BlockHash] | None:
-        insured = _evictable(self.insured, is_held, protected)
-        over = max(0, len(self.insured) - self.share)
-        order = (
-            _evictable(self.none, is_held, protected)
-            + insured[:over]
-            + _evictable(self.kept, is_held, protected)
-            + insured[over:]
-        )
-        return order[:n] if len(order) >= n else None
-
-    def evict(self, victims: Sequence[BlockHash]) -> None:
-        for key in victims:
-            self.remove(key)
-
-
 class LeaderModel(EvictionPolicy):
     """Follow the leader among LRU, ARC, SLRU and branch (``policies/leader.py``), plainly.
 
@@ -579,8 +503,6 @@ class LeaderModel(EvictionPolicy):
         margin: float,
         early: float,
         significance: float,
-        hedge_share: float,
-        hedge_significance: float,
         rate: int = 1,
     ) -> None:
         super().__init__(capacity)
@@ -589,18 +511,8 @@ class LeaderModel(EvictionPolicy):
         candidates = CANDIDATE_MODELS if rate == 1 else CANDIDATE_MODELS[:-1]
         self.shadows = [_ShadowModel(make(capacity // rate)) for make in candidates]
         self.leader = start
-        self.runner = 1 if start == 0 else 0
-        self.hedge: _ShadowModel | None = None
-        self.everyone = list(self.shadows)
-        if rate == 1:
-            hedge = HedgeModel(capacity, int(hedge_share * capacity))
-            hedge.pair(self.shadows[start], self.shadows[self.runner])
-            self.hedge = _ShadowModel(hedge)
-            self.everyone.append(self.hedge)
-        self.hedge_significance = hedge_significance
-        self.hedged = False
         self.followed = self.shadows[start]
-        self.scores = [0.0] * len(self.everyone)
+        self.scores = [0.0] * len(self.shadows)
         self.window = max(1, max(window, capacity // 4) // rate)
         self.left = self.window
         self.decay = decay
@@ -610,7 +522,7 @@ class LeaderModel(EvictionPolicy):
         self.since: list[tuple[int, ...]] = []  # per-request hits since deciding
         # per pair of shadows: the decisions' decayed sums of squared hit differences
         self.spreads = {
-            (i, j): 0.0 for i in range(len(self.everyone)) for j in range(len(self.everyone))
+            (i, j): 0.0 for i in range(len(self.shadows)) for j in range(len(self.shadows))
         }
         self.kept: list[BlockHash] = []
         self.extra: list[BlockHash] = []
@@ -638,15 +550,9 @@ class LeaderModel(EvictionPolicy):
             self.tier.observe(keys)  # a sampled tier's policy learns every request
         if zlib.crc32(keys[0]) % self.rate != 0:
             return
-        before = [shadow.hits for shadow in self.everyone]
-        moved: list[BlockHash] = []
-        for i, shadow in enumerate(self.everyone):
-            if shadow is self.hedge:
-                assert isinstance(shadow.model, HedgeModel)
-                shadow.model.place(moved)
+        before = [shadow.hits for shadow in self.shadows]
+        for shadow in self.shadows:
             evicted, stored = shadow.serve(keys)
-            if i in (self.leader, self.runner):
-                moved += evicted + stored
             if shadow is not self.followed or self.rate > 1:
                 continue
             for key in evicted:
@@ -657,21 +563,20 @@ class LeaderModel(EvictionPolicy):
                 if key in self.extra:
                     self.extra.remove(key)
                     self.kept.append(key)
-        gained = [shadow.hits - hits for shadow, hits in zip(self.everyone, before, strict=True)]
+        gained = [shadow.hits - hits for shadow, hits in zip(self.shadows, before, strict=True)]
         self.since.append(tuple(gained))
         self.left -= len(keys)
         ends = self.left <= 0
         clear = not ends and self._clearly_led()
         scores = [
             score * self.decay + shadow.hits
-            for score, shadow in zip(self.scores, self.everyone, strict=True)
+            for score, shadow in zip(self.scores, self.shadows, strict=True)
         ]
         spreads = {
             (i, j): spread * self.decay**2 + sum((hits[i] - hits[j]) ** 2 for hits in self.since)
             for (i, j), spread in self.spreads.items()
         }
-        base = scores[: len(self.shadows)]
-        best = base.index(max(base))
+        best = scores.index(max(scores))
         lead = scores[best] - scores[self.leader]
         switch = (
             best != self.leader
@@ -684,29 +589,15 @@ class LeaderModel(EvictionPolicy):
         if ends or clear or switch:
             self.since = []
             self.scores, self.spreads = scores, spreads
-            for shadow in self.everyone:
+            for shadow in self.shadows:
                 shadow.hits = 0
             if switch:
                 self.leader = best
                 if self.rate > 1:
                     self.pending = best
-            if self.hedge is not None:
-                others = [i for i in range(len(self.shadows)) if i != self.leader]
-                runner = max(others, key=lambda i: scores[i])  # the first best
-                if switch or runner != self.runner:
-                    self.runner = runner
-                    assert isinstance(self.hedge.model, HedgeModel)
-                    self.hedge.model.pair(self.shadows[self.leader], self.shadows[runner])
             self.left = self.window
-        if self.hedge is not None:  # after every request: what is the hedge's lead?
-            h = len(self.shadows)
-            ahead = scores[h] - scores[self.leader]
-            bar = self.hedge_significance * math.sqrt(spreads[h, self.leader] * (1 + 1e-9))
-            if abs(ahead) > bar:
-                self.hedged = ahead > 0
         if self.rate == 1:
-            followed = self.hedge if self.hedged else self.shadows[self.leader]
-            assert followed is not None
+            followed = self.shadows[self.leader]
             if followed is not self.followed:
                 self.followed = followed
                 holds = followed.resident
@@ -801,8 +692,6 @@ def _leader_model(capacity: int) -> EvictionPolicy:
         margin=leader.MARGIN,
         early=leader.EARLY,
         significance=leader.SIGNIFICANCE,
-        hedge_share=leader.HEDGE_SHARE,
-        hedge_significance=leader.HEDGE_SIGNIFICANCE,
         rate=sampling.sample_rate(capacity),
     )
 

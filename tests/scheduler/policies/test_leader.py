@@ -31,7 +31,6 @@ def test_a_leader_that_never_changes_is_exactly_that_policy(
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
     monkeypatch.setattr(leader, "EARLY", math.inf)  # not even early
     monkeypatch.setattr(leader, "SIGNIFICANCE", math.inf)  # nor on a significant lead
-    monkeypatch.setattr(leader, "HEDGE_SIGNIFICANCE", math.inf)  # nor follows the hedge
     trace = generate(replace(shaped("mixed", 7), requests=300))
     for capacity in (20, 150, 600):
         want = replay(trace, capacity, name).ratios.hit_blocks
@@ -64,8 +63,6 @@ def test_manager_over_leader_matches_manager_over_its_model(
             margin=0.0,
             early=leader.EARLY,
             significance=leader.SIGNIFICANCE,
-            hedge_share=leader.HEDGE_SHARE,
-            hedge_significance=leader.HEDGE_SIGNIFICANCE,
         )
         real, twin = manager_for(policy, capacity), manager_for(model, capacity)
         for ids, load, ok in reqs:
@@ -184,8 +181,6 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
         margin=leader.MARGIN,
         early=leader.EARLY,
         significance=leader.SIGNIFICANCE,
-        hedge_share=leader.HEDGE_SHARE,
-        hedge_significance=leader.HEDGE_SIGNIFICANCE,
     )
     tier, twin, lru = (
         manager_for(policy, 8),
@@ -236,8 +231,6 @@ def test_a_clear_or_significant_lead_ends_a_window_early(
         margin=leader.MARGIN,
         early=early,
         significance=significance,
-        hedge_share=leader.HEDGE_SHARE,
-        hedge_significance=leader.HEDGE_SIGNIFICANCE,
     )
     tier, twin = manager_for(policy, 8), manager_for(model, 8)
     leaders = []

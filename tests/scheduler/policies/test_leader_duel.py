@@ -23,7 +23,7 @@ from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 from tests.budget import examples
 
-from .models import CANDIDATE_MODELS, CANDIDATE_NAMES, HedgeModel, LeaderModel, _ShadowModel
+from .models import CANDIDATE_MODELS, CANDIDATE_NAMES, LeaderModel, _ShadowModel
 from .twins import block_key, manager_for, serve
 
 
@@ -53,16 +53,9 @@ def _run(
     reqs: list[tuple[list[int], bool, bool]],
     early: float = math.inf,
     significance: float = 0.0,
-    hedge_share: float = 0.0,
-    hedge_significance: float = math.inf,
-    hedged: list[bool] | None = None,
 ) -> list[str]:
     """Serve ``reqs`` through two managers, over the policy and over its model; after
-    every request compare hits, stores, the leader, whether the tier follows the hedge,
-    list sizes and eviction order (``hedged``: gets whether the tier followed the
-    hedge after each request)."""
-    monkeypatch.setattr(leader, "HEDGE_SHARE", hedge_share)
-    monkeypatch.setattr(leader, "HEDGE_SIGNIFICANCE", hedge_significance)
+    every request compare hits, stores, the leader, list sizes and eviction order."""
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", window)
     monkeypatch.setattr(leader, "MARGIN", margin)
@@ -78,8 +71,6 @@ def _run(
         margin=margin,
         early=early,
         significance=significance,
-        hedge_share=hedge_share,
-        hedge_significance=hedge_significance,
     )
     real, twin = manager_for(policy, capacity), manager_for(model, capacity)
     leaders: list[str] = []
@@ -89,15 +80,7 @@ def _run(
             for m in (real, twin):
                 m.complete_load(keys[:hit])
         assert policy.leader == CANDIDATE_NAMES[model.leader]
-        assert policy.hedged == model.hedged
         assert policy.follows == model.follows
-        if model.hedge is not None:  # in step: the hedge's lists, as its model's
-            assert isinstance(model.hedge.model, HedgeModel)
-            assert policy._hedge is not None
-            hedge = model.hedge.model
-            real_lists = (policy._hedge._none, policy._hedge._insured, policy._hedge._kept)
-            want = (hedge.none, hedge.insured, hedge.kept)
-            assert [list(r.ordered()) for r in real_lists] == [list(w) for w in want]
         assert policy.sizes == model.sizes
         n = len(policy)
         if n:
@@ -105,8 +88,6 @@ def _run(
                 n, _never_held, (), ()
             )
         leaders.append(policy.leader)
-        if hedged is not None:
-            hedged.append(policy.hedged)
     return leaders
 
 
@@ -150,8 +131,6 @@ requests = st.lists(
     margin=st.sampled_from([0.0, 0.3, 0.9]),
     early=st.sampled_from([math.inf, 4.0, 1.0, 0.5]),
     significance=st.sampled_from([math.inf, 1.0, 0.5, 0.0]),
-    hedge_share=st.sampled_from([0.0, 0.25, 0.5, 1.0]),
-    hedge_significance=st.sampled_from([math.inf, 2.0, 0.5, 0.0]),
     reqs=requests,
 )
 def test_the_tier_follows_its_model_on_any_requests(
@@ -161,8 +140,6 @@ def test_the_tier_follows_its_model_on_any_requests(
     margin: float,
     early: float,
     significance: float,
-    hedge_share: float,
-    hedge_significance: float,
     reqs: list[tuple[list[int], bool, bool]],
 ) -> None:
     with pytest.MonkeyPatch.context() as mp:
@@ -175,8 +152,6 @@ def test_the_tier_follows_its_model_on_any_requests(
             reqs,
             early,
             significance,
-            hedge_share,
-            hedge_significance,
         )
 
 

@@ -94,8 +94,6 @@ def _run(
         margin=leader.MARGIN,
         early=early,
         significance=significance,
-        hedge_share=leader.HEDGE_SHARE,
-        hedge_significance=leader.HEDGE_SIGNIFICANCE,
         rate=rate,
     )
     real, twin = manager_for(policy, capacity), manager_for(model, capacity)

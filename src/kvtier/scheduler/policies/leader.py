@@ -33,18 +33,16 @@ significance test. Decisions on ``EARLY`` are at least 17 (sampled) requests apa
 over n requests the lead is at most sqrt(n) standard deviations (Cauchy-Schwarz), so
 ``EARLY`` = 4 needs n > 16 (and ``SIGNIFICANCE`` = 1 at least two requests). Tuned on
 the 13 workloads of ``benchmarks/policy_cells.py`` and checked on held-out seeds
-(``docs/simulate.md``). In step (below), a fifth shadow, the *hedge*
-(``policies/hedge.py``: the leader's blocks less ``HEDGE_SHARE`` of the tier kept for
-the runner-up's -- the best score but the leader's at the last decision), is
-followed instead of the leader while its decayed score leads the leader's by more
-than ``HEDGE_SIGNIFICANCE`` standard deviations, and the leader again once it leads
-the hedge's so: where two shadows trade the lead on noise (LRU and ARC on chats beside
-documents) the hottest blocks of both out-hit either. How the tier follows depends on
-its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
+(``docs/simulate.md``). (The *hedge* of the sixth round -- a further shadow holding
+the leader's blocks less 5 % of the tier kept for the runner-up's, followed while it
+out-hit the leader by 2 standard deviations -- was removed in the tenth: with
+``density`` among the shadows it changed no cell and cost a shadow's CPU.) How the
+tier follows depends on its size (``sampling.sample_rate``: R = 1 under 65,536
+blocks):
 
 * **In step** (R = 1, ``_InStep``): the shadows are the tier's size and see every
-  request. The tier's blocks sit in two recency lists, *kept* (the followed shadow --
-  the leader's or the hedge -- holds the block) and *extra* (it evicted it); victims
+  request. The tier's blocks sit in two recency lists, *kept* (the leading shadow holds
+  the block) and *extra* (it evicted it); victims
   come from extra first. The
   manager calls ``observe`` at lookup, before it touches or stores the request's
   blocks, so the leader has already evicted what the tier will: the tier's victims
@@ -52,8 +50,7 @@ its size (``sampling.sample_rate``: R = 1 under 65,536 blocks):
   O(capacity), at most once per decision.
 * **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
   1 request in R (SHARDS), so they cost about 4/R of a full shadow per looked-up key,
-  but cannot say which of the tier's blocks the leader would hold (so no hedge
-  either). The tier keeps its
+  but cannot say which of the tier's blocks the leader would hold. The tier keeps its
   blocks in a real instance of the leader's policy instead; at a switch, at the next
   search for victims, a new instance of the new leader's policy gets the tier's
   blocks, held ones first, then the others in the old instance's eviction order (as
@@ -85,7 +82,6 @@ from kvtier.scheduler.policies.arc import ARCPolicy
 from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
 from kvtier.scheduler.policies.branch import SharedPrefixPolicy
 from kvtier.scheduler.policies.density import DensityPolicy
-from kvtier.scheduler.policies.hedge import Hedge
 from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
 from kvtier.scheduler.policies.sampling import sample_rate
@@ -137,16 +133,6 @@ EARLY = 4.0
 the test fires once to three times in the few cells it changes (``chat`` seed 2 at
 1 %: after 5,244 of the first window's 8,192 keys); at three or two it also switches
 on noise (``docs/simulate.md``)."""
-
-HEDGE_SHARE = 0.05
-"""Share of the tier the hedge (``policies/hedge.py``) keeps for blocks the runner-up
-holds and the leader does not."""
-
-HEDGE_SIGNIFICANCE = 2.0
-"""Standard deviations by which the hedge's decayed score must lead the leader's for the
-tier to follow it, and the leader's the hedge's for the tier to go back (the spread of
-the two's per-request differences, as for ``SIGNIFICANCE``). At 1 the tier went over
-to the hedge on noise where a policy is really best (``agents`` at 10 %)."""
 
 _ROUNDING = 1 + 1e-9
 """A lead within rounding of ``SIGNIFICANCE`` standard deviations is not significant:
@@ -389,8 +375,8 @@ class _Rebuilt(EvictionPolicy):
 
 
 class LeaderPolicy(EvictionPolicy):
-    """The tier follows whichever of LRU, ARC, SLRU, branch and density has hit most lately (or,
-    in step, the hedge between the leader and the runner-up, while it hits more)."""
+    """The tier follows whichever of LRU, ARC, SLRU, branch and (in step) density has hit
+    most lately."""
 
     name = "leader"
 
@@ -401,26 +387,11 @@ class LeaderPolicy(EvictionPolicy):
         candidates = CANDIDATES if rate == 1 else [c for c in CANDIDATES if c not in IN_STEP_ONLY]
         self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in candidates)
         self._leader = START
-        self._runner = 1 if START == 0 else 0  # the first but the leader: every score is 0
         leader = self._shadows[START]
-        # in step, a fifth shadow: the hedge between the leader and the runner-up, which
-        # the tier follows instead of the leader while it out-hits it significantly
-        everyone = self._shadows
-        self._hedge: Hedge | None = None
-        if rate == 1:
-            hedging = _Shadow(Hedge, capacity)
-            assert isinstance(hedging.policy, Hedge)
-            self._hedge = hedging.policy
-            self._hedge.share = int(HEDGE_SHARE * capacity)
-            self._hedge.pair(leader.resident, self._shadows[self._runner].resident)
-            everyone += (hedging,)
-        self._everyone = everyone
-        self._hedged = False
-        self._followed = leader
         # keys every shadow holds (a subset of the intersection of their ``resident``
         # sets): those of requests every shadow hit whole, less every key a shadow evicts
         self._everywhere: set[BlockHash] = set()
-        n = len(everyone)
+        n = len(self._shadows)
         self._scores = [0.0] * n
         self._pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
         # per pair of shadows (``_pairs``, then ``_pair``): this window's sum of squared
@@ -454,11 +425,6 @@ class LeaderPolicy(EvictionPolicy):
         return self._tier.follows
 
     @property
-    def hedged(self) -> bool:
-        """Whether the tier follows the hedge (``policies/hedge.py``), not the leader."""
-        return self._hedged
-
-    @property
     def sample_rate(self) -> int:
         """``R``: the shadows see 1 request in ``R`` and hold ``capacity // R`` keys."""
         return self._mask + 1
@@ -474,12 +440,12 @@ class LeaderPolicy(EvictionPolicy):
             tier.observe(keys)
         if mask and crc32(keys[0]) & mask:  # not sampled (``sampling.is_sampled``, inline)
             return
-        shadows, everyone, lead = self._shadows, self._everyone, self._leader
+        shadows, lead = self._shadows, self._shadows[self._leader]
         backwards = keys[::-1]
         everywhere = self._everywhere
         n = len(keys)
         if everywhere.issuperset(keys):  # every shadow holds every key: all hit them all
-            for shadow in everyone:
+            for shadow in shadows:
                 shadow.hit_all(keys, backwards)
             # no lead moved, so no early decision: ``_clear_lead`` and ``_challenger``
             # were false after the last request (or it decided: a decision that does not
@@ -489,21 +455,13 @@ class LeaderPolicy(EvictionPolicy):
                 self._decide(clear=False)
             return
         gains = []  # each shadow's hits in this request
-        moved: list[BlockHash] = []  # what the leader and the runner-up evicted and stored
-        runner = self._runner
-        for i, shadow in enumerate(everyone):
-            if i == len(shadows):  # the hedge, after the shadows it follows
-                assert self._hedge is not None
-                self._hedge.follow(moved)
+        for shadow in shadows:
             before = shadow.hits
             evicted, stored = shadow.request(keys, backwards)
             gains.append(shadow.hits - before)
             if evicted and everywhere:
                 everywhere.difference_update(evicted)
-            if i in (lead, runner):
-                moved += evicted
-                moved += stored
-            if shadow is self._followed:
+            if shadow is lead:
                 tier.follow(evicted, stored)
         if gains.count(n) == len(gains):  # each shadow hit every key: none was evicted
             everywhere.update(keys)
@@ -516,14 +474,8 @@ class LeaderPolicy(EvictionPolicy):
                 self._decide(clear=False)
             elif self._clear_lead():
                 self._decide(clear=True)
-            else:
-                scores = self._decayed()
-                if self._challenger(scores) is not None:
-                    self._decide(clear=False)
-                elif self._hedge is not None:
-                    p = self._pair[len(shadows), lead]
-                    self._test_hedge(scores, self._spreads[p] * (DECAY * DECAY) + squares[p])
-                    self._follow()
+            elif self._challenger(self._decayed()) is not None:
+                self._decide(clear=False)
         elif self._left <= 0:  # else no early decision, as on the fast path above
             self._decide(clear=False)
 
@@ -544,7 +496,7 @@ class LeaderPolicy(EvictionPolicy):
         """The scores as a decision now would make them."""
         return [
             score * DECAY + shadow.hits
-            for score, shadow in zip(self._scores, self._everyone, strict=True)
+            for score, shadow in zip(self._scores, self._shadows, strict=True)
         ]
 
     def _challenger(self, scores: list[float], clear: bool = False) -> int | None:
@@ -552,7 +504,7 @@ class LeaderPolicy(EvictionPolicy):
         first best, if it beats the leader's by ``MARGIN`` and (unless ``clear``, an
         ``EARLY`` decision) by ``SIGNIFICANCE`` standard deviations."""
         lead = self._leader
-        best = max(range(len(self._shadows)), key=scores.__getitem__)  # not the hedge
+        best = max(range(len(self._shadows)), key=scores.__getitem__)
         ahead = scores[best] - scores[lead]
         if best == lead or scores[best] <= scores[lead] * (1 + MARGIN):
             return None
@@ -568,36 +520,13 @@ class LeaderPolicy(EvictionPolicy):
         spreads = self._spreads
         for p, square in enumerate(self._squares):
             spreads[p] = spreads[p] * (DECAY * DECAY) + square
-        for shadow in self._everyone:
+        for shadow in self._shadows:
             shadow.hits = 0
-        if best is not None:
+        if best is not None and best != self._leader:
             self._leader = best
-        hedge = self._hedge
-        if hedge is not None:
-            shadows, lead = self._shadows, self._leader
-            runner = max((i for i in range(len(shadows)) if i != lead), key=scores.__getitem__)
-            if best is not None or runner != self._runner:
-                self._runner = runner
-                hedge.pair(shadows[lead].resident, shadows[runner].resident)
-            self._test_hedge(scores, spreads[self._pair[len(shadows), lead]])
-        self._follow()
+            self._tier.lead(self._shadows[best])
         self._left = self._window
         self._squares = [0] * len(self._pairs)
-
-    def _test_hedge(self, scores: list[float], spread: float) -> None:
-        """Follow the hedge when its score leads the leader's by more than
-        ``HEDGE_SIGNIFICANCE`` standard deviations (``spread``: the two's decayed sum of
-        squared per-request differences), the leader again when it leads the hedge so."""
-        ahead = scores[len(self._shadows)] - scores[self._leader]
-        if ahead * ahead > HEDGE_SIGNIFICANCE * HEDGE_SIGNIFICANCE * spread * _ROUNDING:
-            self._hedged = ahead > 0
-
-    def _follow(self) -> None:
-        """Make the tier follow the hedge or the leader, as decided (a re-split)."""
-        followed = self._everyone[-1] if self._hedged else self._shadows[self._leader]
-        if followed is not self._followed:
-            self._followed = followed
-            self._tier.lead(followed)
 
     def add(self, key: BlockHash) -> None:
         self._tier.add(key)
