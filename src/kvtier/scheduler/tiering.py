@@ -128,6 +128,8 @@ class TieredManager:
         self._forget_after_outages()
         self._adopt_discoveries()
         n = self.primary.lookup(block_hashes)
+        for tier in self.secondaries:  # a policy that learns from lookups sees them all
+            tier.policy.observe(block_hashes)
         self._hits[self.primary.medium] += n
         n += self._known_run(block_hashes[n:])
         if n < len(block_hashes):
