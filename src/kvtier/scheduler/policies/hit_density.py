@@ -62,10 +62,6 @@ class HitDensity:
         self._tables = [list(lru) for _ in range(classes)]
         self.alive_floor = 0.0  # density at age 0 a class needs not to be dead
 
-    def bucket(self, age: int) -> int:
-        """The bucket of an age (``>= 0``)."""
-        return min(age // self.width, BUCKETS - 1)
-
     def hit(self, cls: int, age: int) -> None:
         """A block of ``cls`` was used again at ``age``."""
         self._hits[cls][min(age // self.width, BUCKETS - 1)] += 1.0
