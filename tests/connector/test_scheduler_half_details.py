@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import pytest
 
@@ -15,6 +15,7 @@ from kvtier.connector.scheduler_half import ConnectorScheduler, LoadDone
 from kvtier.jobs import JobKind, TransferResult
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, GPULoadStoreSpec
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
+from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.tiering import TieredManager
 
 from .test_scheduler_half_contract import PAGE, half, pages, store
@@ -203,3 +204,44 @@ def test_a_single_block_on_disk_is_promoted_into_its_cpu_slot_then_loaded() -> N
     (load,) = h.take_jobs(write_through=False)
     assert load.kind is JobKind.LOAD and load.src == promotion.dst
     assert h.on_finished([TransferResult(load.job_id, True, 1, 0.0)]).loads == (LoadDone("r", 1),)
+
+
+def test_the_policies_see_the_whole_request_before_its_use_when_the_gpu_served_its_head() -> None:
+    # What ``replay`` gives a policy that learns (``density``, ``leader``): the request's
+    # whole prefix, then the touch. Before, the connector touched first (a learning
+    # policy measured every hit's age as ~0) and showed only the keys past the GPU hit.
+    log: list[tuple[str, str, list[BlockHash]]] = []
+
+    class Recording(LRUPolicy):
+        def __init__(self, capacity: int, tier: str) -> None:
+            super().__init__(capacity)
+            self.tier = tier
+
+        def observe(self, keys: Sequence[BlockHash]) -> None:
+            log.append(("observe", self.tier, list(keys)))
+
+        def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+            log.append(("touch", self.tier, sorted(keys)))
+            super().touch_all(keys, storing)
+
+    def tier(medium: Medium, name: str) -> TierManager:
+        return TierManager(
+            medium=medium, num_blocks=16, block_size=PAGE, policy=Recording(16, name)
+        )
+
+    cpu = tier(Medium.CPU, "cpu")
+    h = ConnectorScheduler(
+        TieredManager(cpu, [tier(Medium.DISK, "disk")]),
+        block_size_factor=1,
+        gpu_block_size=PAGE,
+        discovery_wait_s=0.0,
+    )
+    keys = pages(6)
+    store(h, keys[:4], "w")
+    log.clear()
+    # pages 0-1 served by the GPU, 2-3 offloaded: two to load
+    assert h.num_external_hit_pages("r", keys, 2, 6 * PAGE) == 2
+    assert log[:2] == [("observe", "cpu", keys), ("observe", "disk", keys)]
+    assert log[2:] == [("touch", "cpu", sorted(keys[:4]))]
+    stats = cpu.stats()
+    assert (stats.lookups, stats.lookup_blocks, stats.hit_blocks) == (1, 4, 2)

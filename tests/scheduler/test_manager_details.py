@@ -455,3 +455,46 @@ def test_a_key_listed_three_times_with_another_store_in_flight_is_stored_once() 
     m.complete_store(keys(1, 1, 1))
     assert m.stats().stored == 1
     assert list(m.take_events()) == [OffloadingEvent(tuple(keys(1)), 16, Medium.CPU, False)]
+
+
+class _Observed(LRUPolicy):
+    """LRU that records what ``observe`` was shown."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.seen: list[list[bytes]] = []
+
+    def observe(self, keys: Sequence[bytes]) -> None:  # type: ignore[override]
+        self.seen.append(list(keys))
+
+
+def test_a_lookup_from_start_counts_from_there_and_shows_the_policy_the_whole_prefix() -> None:
+    policy = _Observed(8)
+    m = TierManager(medium=Medium.CPU, num_blocks=8, block_size=16, policy=policy)
+    store(m, keys(2, 3, 5))
+    ks = keys(1, 2, 3, 4, 5)
+    assert m.lookup(ks) == 0  # k1 is not here
+    assert m.lookup(ks, 1) == 2  # k2, k3; k4 ends the run
+    assert m.lookup(ks, 4) == 1
+    assert m.lookup(ks, 5) == 0
+    assert policy.seen == [ks] * 4
+    stats = m.stats()
+    assert (stats.lookups, stats.lookup_blocks, stats.hit_blocks) == (4, 5 + 4 + 1 + 0, 3)
+
+
+def test_admission_counts_the_keys_past_the_hit_from_start_on() -> None:
+    m = make(8, store_threshold=2)
+    m.lookup(keys(1, 2, 3), 1)
+    m.lookup(keys(1, 2, 3), 1)  # k2 and k3 seen twice, k1 (the GPU's) never
+    out = m.prepare_store(keys(1, 2, 3))
+    assert out is not None and out.block_hashes_to_store == tuple(keys(2, 3))
+
+
+def test_a_block_in_flight_after_start_ends_the_run() -> None:
+    m = make(8)
+    store(m, keys(1, 2))
+    out = m.prepare_store(keys(3, 4))
+    assert out is not None  # k3, k4 storing
+    assert m.lookup(keys(1, 2, 3, 4), 1) == 1
+    m.complete_store(keys(3, 4))
+    assert m.lookup(keys(1, 2, 3, 4), 1) == 3

@@ -147,9 +147,12 @@ class ConnectorScheduler:
         j0 = g // f
         asked_at = self._asked.get(request_id)
         if asked_at is None:
+            # the whole request, then its use, in the order replay gives them: a policy
+            # that learns (``density``, ``leader``) sees the prefix the GPU served and
+            # measures a hit's age from before this use
+            hit = self.manager.lookup(keys, j0)
             self.manager.touch(keys)
             self.manager.count_seen(keys[:j0])  # served by the GPU: a reuse
-            hit = self.manager.lookup(keys[j0:])
         else:  # asked before, waiting for a shared tier's answer
             hit = self.manager.lookup_known(keys[j0:])
         rest = keys[j0 + hit :]

@@ -163,19 +163,26 @@ class TierManager:
 
     # -- the protocol --------------------------------------------------------------
 
-    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
-        """Length of the longest run of READY blocks from the first key."""
-        hit = len(list(takewhile(self._slots.__contains__, block_hashes)))
+    def lookup(self, block_hashes: Sequence[BlockHash], start: int = 0) -> int:
+        """Length of the longest run of READY blocks from key ``start`` (the first).
+
+        ``block_hashes`` is the request's whole prefix: the policy observes all of it.
+        An engine whose own cache serves the first ``start`` blocks passes the whole
+        prefix with ``start`` past them (a policy that learns from requests must see
+        the request, not its rest); only the keys from ``start`` are counted.
+        """
+        keys = block_hashes[start:] if start else block_hashes
+        hit = len(list(takewhile(self._slots.__contains__, keys)))
         storing = self._storing
-        if storing and not storing.isdisjoint(block_hashes[:hit]):  # a block in flight
-            hit = next(i for i, key in enumerate(block_hashes) if key in storing)
+        if storing and not storing.isdisjoint(keys[:hit]):  # a block in flight
+            hit = next(i for i, key in enumerate(keys) if key in storing)
         self.policy.observe(block_hashes)
         n = self._n
         n["lookups"] += 1
-        n["lookup_blocks"] += len(block_hashes)
+        n["lookup_blocks"] += len(keys)
         n["hit_blocks"] += hit
         if self.store_threshold > 1:
-            self._count_seen(block_hashes[hit:])
+            self._count_seen(keys[hit:])
         return hit
 
     def prepare_load(self, block_hashes: Sequence[BlockHash]) -> BlockIdsSpec:

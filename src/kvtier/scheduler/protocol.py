@@ -3,7 +3,9 @@
 Runs in the scheduler process; pure Python. The names and meanings are the seed
 documents' (vLLM's ``kv_offload``), so engines that speak that protocol speak this one:
 
-* ``lookup(keys) -> int``: how many blocks, from the first, are offloaded and ready.
+* ``lookup(keys, start=0) -> int``: how many blocks, from key ``start``, are offloaded
+  and ready (``keys``: the request's whole prefix; an engine whose GPU cache served
+  the first ``start`` passes them too, for the policies that learn from requests).
 * ``prepare_load(keys) -> spec``: pin the blocks against eviction; say where they are.
 * ``touch(keys)``: mark used (also for blocks the GPU prefix cache served itself).
 * ``complete_load(keys)``: unpin.
@@ -85,8 +87,10 @@ class ManagerStats:
 class OffloadingManager(Protocol):
     """Scheduler-side bookkeeping of one offloading tier (or a tiered composition)."""
 
-    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
-        """Length of the longest run of keys, from the first, that are ready here."""
+    def lookup(self, block_hashes: Sequence[BlockHash], start: int = 0) -> int:
+        """Length of the longest run of keys, from key ``start`` (the first), that are
+        ready here. ``block_hashes`` is the request's whole prefix, in order: a policy
+        that learns from requests observes all of it, before the request's ``touch``."""
         ...
 
     def prepare_load(self, block_hashes: Sequence[BlockHash]) -> LoadStoreSpec:

@@ -123,18 +123,20 @@ class TieredManager:
 
     # -- the OffloadingManager protocol (primary-facing) ------------------------------
 
-    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
-        """Length of the run of blocks, from the first, READY in some tier."""
+    def lookup(self, block_hashes: Sequence[BlockHash], start: int = 0) -> int:
+        """Length of the run of blocks, from key ``start`` (the first), READY in some
+        tier; every tier's policy observes the whole prefix (``TierManager.lookup``)."""
         self._forget_after_outages()
         self._adopt_discoveries()
-        n = self.primary.lookup(block_hashes)
+        n = self.primary.lookup(block_hashes, start)
         for tier in self.secondaries:  # a policy that learns from lookups sees them all
             tier.policy.observe(block_hashes)
         self._hits[self.primary.medium] += n
-        n += self._known_run(block_hashes[n:])
-        if n < len(block_hashes):
+        keys = block_hashes[start:] if start else block_hashes
+        n += self._known_run(keys[n:])
+        if n < len(keys):
             for discovery in self._discovery.values():
-                discovery.ask(block_hashes[n:])  # answered on a later lookup
+                discovery.ask(keys[n:])  # answered on a later lookup
         return n
 
     def lookup_known(self, block_hashes: Sequence[BlockHash]) -> int:

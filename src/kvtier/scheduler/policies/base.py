@@ -124,9 +124,11 @@ class EvictionPolicy(ABC):
             self.touch(key, key not in storing)
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        """A request looked up ``keys`` (its whole prefix, in order). Default: nothing.
+        """A request looked up ``keys`` (its whole prefix, in order, before the request
+        touches them). Default: nothing.
 
-        For a policy that learns from the traffic (``adaptive``, ``branch``); it must
+        For a policy that learns from the traffic (``adaptive``, ``branch``, ``density``,
+        ``leader``); it must
         not add or remove resident blocks. It may reorder them (``branch`` moves the
         blocks of a shared prefix to its shared list, changing the eviction order).
         """
