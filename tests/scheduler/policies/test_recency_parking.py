@@ -13,7 +13,12 @@ import itertools
 import pytest
 
 from kvtier.scheduler.policies import make_policy
-from kvtier.scheduler.policies.recency import FRESH_BATCHES, RecencyList
+from kvtier.scheduler.policies.recency import (
+    FRESH_BATCHES,
+    STALE_FACTOR,
+    STALE_SLACK,
+    RecencyList,
+)
 from kvtier.scheduler.policies.timed import TimedRecencyList
 
 
@@ -73,6 +78,24 @@ def test_a_stale_entry_of_a_block_parked_again_is_not_its_place() -> None:
     for key in ("y", "x", "z"):
         rl.release(key)
     assert order(rl) == ["w", "y", "x", "z"]
+
+
+def test_stale_heap_entries_stay_bounded_when_the_offered_block_is_never_evicted() -> None:
+    """Regression: a search drops stale heap entries only up to the first key it
+    offers. A list whose coldest released key is offered but never chosen (a
+    ``density`` class ranked above the others) kept one stale entry per cycle of a
+    block pinned, parked, released and touched: 10,001 entries after 10,000 cycles."""
+    rl = parked_list("a")
+    rl.release("a")  # offered first from now on, never evicted
+    rl.add("b")
+    for _ in range(1000):
+        gen = rl.evictable({"b"}.__contains__, ())  # b, held by a load, is parked
+        assert next(gen) == "a"
+        gen.close()
+        rl.release("b")
+        rl.touch("b")  # the next request uses it: its heap entry is stale now
+    assert len(rl._released) <= STALE_FACTOR * len(rl._parked) + STALE_SLACK
+    assert order(rl) == ["a", "b"]
 
 
 def test_a_block_released_twice_is_offered_once() -> None:

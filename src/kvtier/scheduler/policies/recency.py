@@ -60,6 +60,11 @@ K = TypeVar("K", bound=Hashable)
 FRESH_BATCHES = 64
 """Batches remembered as added since the last parking (stores in flight, roughly)."""
 
+STALE_FACTOR = 2
+STALE_SLACK = 64
+"""The released heap is compacted when it holds more than ``STALE_FACTOR`` entries per
+parked key plus ``STALE_SLACK`` (``_compact_released``)."""
+
 
 class RecencyList(Generic[K]):
     """An LRU order over keys where held keys are parked instead of skipped."""
@@ -205,6 +210,8 @@ class RecencyList(Generic[K]):
         entry = self._parked.get(key)
         if entry is not None:
             heapq.heappush(self._released, (entry[0], key))
+            if len(self._released) > STALE_FACTOR * len(self._parked) + STALE_SLACK:
+                self._compact_released()
 
     def release_all(self, keys: Sequence[K]) -> None:
         """``release`` each key; nothing to do unless some key was parked.
@@ -222,6 +229,24 @@ class RecencyList(Generic[K]):
         if noted is None or noted != (keys if type(keys) is list else list(keys)):
             for key in parked.keys() & keys:
                 heapq.heappush(self._released, (parked[key][0], key))
+            if len(self._released) > STALE_FACTOR * len(parked) + STALE_SLACK:
+                self._compact_released()
+
+    def _compact_released(self) -> None:
+        """Drop the heap's stale entries (of keys touched, removed or parked again since
+        their release) and its duplicates. A search drops those it pops, but only up to
+        the first key it offers: a list whose coldest released key is never chosen (a
+        ``density`` class ranked above the others) would keep one per release of a
+        block touched after it. Called when the heap outgrows ``STALE_FACTOR`` times the
+        parked keys: amortised O(1) per release, and the heap stays O(parked)."""
+        parked = self._parked
+        live = {
+            key: seq
+            for seq, key in self._released
+            if (entry := parked.get(key)) is not None and entry[0] == seq
+        }
+        self._released = [(seq, key) for key, seq in live.items()]
+        heapq.heapify(self._released)
 
     def coldest(
         self, n: int, is_held: Callable[[K], bool], protected: Collection[K]
