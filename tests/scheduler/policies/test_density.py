@@ -121,6 +121,23 @@ def test_classes_are_shrunk_toward_the_pool_and_one_without_events_is_the_pool()
     assert table.alive_floor == pytest.approx(hit_density.DEAD_SHARE * 11 / 21)
 
 
+def test_tables_survive_a_long_stretch_without_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: with no hit or eviction for ~23,000 updates the decayed counts
+    reached the smallest floats, ``PRIOR_EVENTS / pool`` overflowed and every table
+    became all-zero (an idle tier whose clock runs on: a remote tier after an outage).
+    A DECAY of 0.5 gets there in ~1,080 updates."""
+    monkeypatch.setattr(hit_density, "DECAY", 0.5)
+    table = HitDensity(classes=2, width=1)
+    table.hit(0, 0)
+    table.evicted(0, 3)
+    table.update()
+    learned = [table.rank(c, a) for c in (0, 1) for a in range(5)]
+    for _ in range(1100):
+        table.update()
+    assert [table.rank(c, a) for c in (0, 1) for a in range(5)] == learned
+    assert table.density(0, 0) > 0
+
+
 def test_until_anything_happens_every_class_ranks_by_age() -> None:
     table = HitDensity(classes=2, width=2)
     table.update()
@@ -278,3 +295,8 @@ def test_density_matches_its_model_while_it_learns(
                 manager.touch(request)
                 if out is not None:
                     manager.complete_store(out.block_hashes_to_store)
+            policy = real.policy
+            assert isinstance(policy, DensityPolicy)
+            # nothing kept for a block the tier no longer holds (``_last`` leaked once)
+            listed = set().union(*(listing.keys() for listing in policy._lists))
+            assert set(policy._last) == set(policy._class) == listed == set(real.keys())

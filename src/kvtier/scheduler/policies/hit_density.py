@@ -43,6 +43,10 @@ DEAD_SHARE = 0.1
 PRIOR_EVENTS = 20.0
 """Pseudo-events of the pool of all classes added to each class's counts (shrinkage)."""
 
+NEGLIGIBLE = 1e-9
+"""Events in all classes' decayed counts below which an update changes nothing (about
+700 updates without a hit or an eviction after the last one)."""
+
 
 class HitDensity:
     """Hit and eviction counts by class and age, and the density tables they give.
@@ -71,7 +75,8 @@ class HitDensity:
         self._evictions[cls][min(age // self.width, BUCKETS - 1)] += 1.0
 
     def density(self, cls: int, age: int) -> float:
-        """The density of a block of ``cls`` at ``age``, as of the last update."""
+        """The density of a block of ``cls`` at ``age``, as of the last update (for
+        tests and diagnostics; the policy ranks by ``rank``)."""
         return self._tables[cls][min(age // self.width, BUCKETS - 1)]
 
     def rank(self, cls: int, age: int) -> tuple[float, bool, int, float]:
@@ -99,8 +104,11 @@ class HitDensity:
         pool_hits = [sum(column) for column in zip(*self._hits, strict=True)]
         pool_evictions = [sum(column) for column in zip(*self._evictions, strict=True)]
         pool = sum(pool_hits) + sum(pool_evictions)
-        if pool == 0:
-            return  # nothing happened yet: every class keeps the LRU order
+        if pool < NEGLIGIBLE:
+            # nothing happened yet (every class keeps the LRU order), or nothing for so
+            # long that the decayed counts say nothing: the tables stay as they are
+            # (decayed on, ``PRIOR_EVENTS / pool`` would overflow and zero them all)
+            return
         weight = PRIOR_EVENTS / pool
         prior_hits = [weight * count for count in pool_hits]
         prior_evictions = [weight * count for count in pool_evictions]

@@ -333,8 +333,8 @@ class _Rebuilt(EvictionPolicy):
         self._next = None
 
     def observe(self, keys: Sequence[BlockHash]) -> None:
-        """Every request, sampled or not: a policy that learns (``branch``, ``density``) learns the
-        tier's whole traffic."""
+        """Every request, sampled or not: a policy that learns (``branch``; ``density``
+        never leads a sampled tier) learns the tier's whole traffic."""
         self.policy.observe(keys)
 
     def add(self, key: BlockHash) -> None:

@@ -53,7 +53,8 @@ class PrefixHistory:
         return key in self._current or key in self._old
 
     def generation(self, key: BlockHash) -> int | None:
-        """The key's generation, or ``None`` if it is not remembered."""
+        """The key's generation, or ``None`` if it is not remembered (for tests and
+        diagnostics; ``classify`` gives the policy what it uses)."""
         entry = self._current.get(key) or self._old.get(key)
         return None if entry is None else entry[0]  # type: ignore[return-value]
 
