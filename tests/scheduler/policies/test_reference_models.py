@@ -5,7 +5,8 @@ that blocks come back, ghosts return and lists overflow often):
 
 * the policy alone, driven the way the manager drives it -- batched stores with their
   own keys protected, stores completing or failing, load pins, touches of stored and
-  storing blocks -- asking for victims after every step: the same victims in the same
+  storing blocks, lookups (``observe``: a learning policy may move pinned and parked
+  blocks between its lists) -- asking for victims after every step: the same victims in the same
   order, the same list sizes (and ARC's ``p``);
 * the real ``TierManager`` over the fast policy beside one over the model, on random
   requests: the same hits, the same evicted blocks, and manager counters equal to
@@ -56,6 +57,7 @@ ops = st.lists(
         st.tuples(st.just("unpin"), key_ids),
         st.tuples(st.just("touch"), st.lists(key_ids, min_size=1, max_size=4)),
         st.tuples(st.just("probe"), st.integers(1, 4), st.lists(key_ids, max_size=3)),
+        st.tuples(st.just("lookup"), st.lists(key_ids, min_size=1, max_size=5)),
     ),
     max_size=120,
 )
@@ -140,6 +142,13 @@ class _Twin:
             reused = key not in self.storing
             self.real.touch(key, reused)
             self.model.touch(key, reused)
+
+    def lookup(self, ids: list[int]) -> None:
+        """A request looked up (a learning policy may reorder its blocks, pinned ones
+        and parked ones too)."""
+        keys = [k(i) for i in dict.fromkeys(ids)]
+        self.real.observe(keys)
+        self.model.observe(keys)
 
     def probe(self, n: int, incoming: list[int]) -> None:
         before = _shape(self.real)
