@@ -464,7 +464,7 @@ class _Observed(LRUPolicy):
         super().__init__(capacity)
         self.seen: list[list[bytes]] = []
 
-    def observe(self, keys: Sequence[bytes]) -> None:  # type: ignore[override]
+    def observe(self, keys: Sequence[bytes]) -> None:
         self.seen.append(list(keys))
 
 

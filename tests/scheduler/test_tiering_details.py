@@ -5,6 +5,7 @@ worker to delete, the queue's bound per tier, and the heads ``can_store`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,8 @@ from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.manager import BlockState
 from kvtier.scheduler.protocol import OffloadingEvent
 from kvtier.scheduler.tiering import TieredManager, TieringStats
+from kvtier.sim.replay import replay
+from kvtier.sim.workload import generate, shaped
 
 from .conftest import keys
 
@@ -571,11 +574,6 @@ def test_a_learning_disk_tier_learns_in_a_tiered_replay() -> None:
     """``density`` behind a CPU tier of a quarter of the disk's capacity, on a small
     generated chat trace (exact: deterministic). Before every tier's policy was shown
     the lookups, its disk tier never learned and served exactly LRU's 11,075."""
-    from dataclasses import replace
-
-    from kvtier.sim.replay import replay
-    from kvtier.sim.workload import generate, shaped
-
     trace = generate(replace(shaped("chat", 2), requests=1500))
     disk = round(0.10 * trace.num_distinct_blocks)
     hits = {

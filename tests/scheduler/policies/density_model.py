@@ -5,8 +5,9 @@ Python lists per class (coldest first), a dict of times, the history as a dict o
 ``(generation, set of next keys)``, and each density computed by its defining sum
 (``sum(H[x]) / sum((x - a + 1) * (H[x] + E[x]))`` over ``x >= a``), not by the policy's
 backward pass, each class's counts plus ``prior_events`` pseudo-events spread as the
-sum of all classes' counts. Victims: the coldest evictable block of each class, the one of lowest
-``(density, alive, -age, density at age 0, class)`` first, again and again.
+sum of all classes' counts (no update while that sum is under ``negligible``).
+Victims: the coldest evictable block of each class, the one of lowest ``(density,
+alive, -age, density at age 0, class)`` first, again and again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class DensityModel(EvictionPolicy):
         decay: float,
         dead_share: float,
         prior_events: float,
+        negligible: float,
     ) -> None:
         super().__init__(capacity)
         self.shared_class = 21 * 3 * 2  # after every chain class
@@ -40,6 +42,7 @@ class DensityModel(EvictionPolicy):
         self.width = max(1, capacity // bucket_share)
         self.update_keys, self.buckets = update_keys, buckets
         self.decay, self.dead_share, self.prior_events = decay, dead_share, prior_events
+        self.negligible = negligible
         classes = self.shared_class + 1
         self.order: list[list[BlockHash]] = [[] for _ in range(classes)]
         self.cls: dict[BlockHash, int] = {}
@@ -103,7 +106,7 @@ class DensityModel(EvictionPolicy):
         pool_hits = [sum(self.hits[c][b] for c in classes) for b in range(self.buckets)]
         pool_evictions = [sum(self.evictions[c][b] for c in classes) for b in range(self.buckets)]
         pool = sum(pool_hits) + sum(pool_evictions)
-        if pool == 0:
+        if pool < self.negligible:
             return
         w = self.prior_events / pool
         best = 0.0
@@ -220,4 +223,5 @@ def density_model(capacity: int) -> EvictionPolicy:
         decay=hit_density.DECAY,
         dead_share=hit_density.DEAD_SHARE,
         prior_events=hit_density.PRIOR_EVENTS,
+        negligible=hit_density.NEGLIGIBLE,
     )

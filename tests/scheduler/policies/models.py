@@ -462,9 +462,10 @@ class _ShadowModel:
 
 
 class LeaderModel(EvictionPolicy):
-    """Follow the leader among LRU, ARC, SLRU and branch (``policies/leader.py``), plainly.
+    """Follow the leader among LRU, ARC, SLRU, branch and (in step) density
+    (``policies/leader.py``), plainly.
 
-    Three shadow models serve looked-up requests as the manager would. At ``rate``
+    The shadow models serve looked-up requests as the manager would. At ``rate``
     1 they see every request, at the tier's capacity, and the tier follows the leader
     in step: its blocks are in ``kept`` (the leading shadow holds them) or ``extra``
     (it does not), each a recency list; victims come from extra, then kept, coldest

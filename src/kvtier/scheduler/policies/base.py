@@ -128,9 +128,9 @@ class EvictionPolicy(ABC):
         touches them). Default: nothing.
 
         For a policy that learns from the traffic (``adaptive``, ``branch``, ``density``,
-        ``leader``); it must
-        not add or remove resident blocks. It may reorder them (``branch`` moves the
-        blocks of a shared prefix to its shared list, changing the eviction order).
+        ``leader``); it must not add or remove resident blocks. It may reorder them
+        (``branch`` moves the blocks of a shared prefix to its shared list, changing the
+        eviction order).
         """
         del keys  # most policies learn only from add and touch
 

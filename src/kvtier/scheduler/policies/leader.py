@@ -42,9 +42,8 @@ blocks):
 
 * **In step** (R = 1, ``_InStep``): the shadows are the tier's size and see every
   request. The tier's blocks sit in two recency lists, *kept* (the leading shadow holds
-  the block) and *extra* (it evicted it); victims
-  come from extra first. The
-  manager calls ``observe`` at lookup, before it touches or stores the request's
+  the block) and *extra* (it evicted it); victims come from extra first. The manager
+  calls ``observe`` at lookup, before it touches or stores the request's
   blocks, so the leader has already evicted what the tier will: the tier's victims
   are exactly the leader's. A switch re-sorts the blocks into kept and extra:
   O(capacity), at most once per decision.

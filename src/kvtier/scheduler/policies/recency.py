@@ -63,7 +63,7 @@ FRESH_BATCHES = 64
 STALE_FACTOR = 2
 STALE_SLACK = 64
 """The released heap is compacted when it holds more than ``STALE_FACTOR`` entries per
-parked key plus ``STALE_SLACK`` (``_compact_released``)."""
+parked key plus ``STALE_SLACK`` (``_bound_released``)."""
 
 
 class RecencyList(Generic[K]):
@@ -210,8 +210,7 @@ class RecencyList(Generic[K]):
         entry = self._parked.get(key)
         if entry is not None:
             heapq.heappush(self._released, (entry[0], key))
-            if len(self._released) > STALE_FACTOR * len(self._parked) + STALE_SLACK:
-                self._compact_released()
+            self._bound_released()
 
     def release_all(self, keys: Sequence[K]) -> None:
         """``release`` each key; nothing to do unless some key was parked.
@@ -229,17 +228,18 @@ class RecencyList(Generic[K]):
         if noted is None or noted != (keys if type(keys) is list else list(keys)):
             for key in parked.keys() & keys:
                 heapq.heappush(self._released, (parked[key][0], key))
-            if len(self._released) > STALE_FACTOR * len(parked) + STALE_SLACK:
-                self._compact_released()
+            self._bound_released()
 
-    def _compact_released(self) -> None:
-        """Drop the heap's stale entries (of keys touched, removed or parked again since
-        their release) and its duplicates. A search drops those it pops, but only up to
-        the first key it offers: a list whose coldest released key is never chosen (a
-        ``density`` class ranked above the others) would keep one per release of a
-        block touched after it. Called when the heap outgrows ``STALE_FACTOR`` times the
-        parked keys: amortised O(1) per release, and the heap stays O(parked)."""
+    def _bound_released(self) -> None:
+        """Once the heap outgrows ``STALE_FACTOR`` entries per parked key, drop its stale
+        entries (of keys touched, removed or parked again since their release) and its
+        duplicates. A search drops those it pops, but only up to the first key it
+        offers: a list whose coldest released key is never chosen (a ``density`` class
+        ranked above the others) would keep one per release of a block touched after
+        it. Amortised O(1) per release, and the heap stays O(parked)."""
         parked = self._parked
+        if len(self._released) <= STALE_FACTOR * len(parked) + STALE_SLACK:
+            return
         live = {
             key: seq
             for seq, key in self._released
