@@ -13,7 +13,11 @@ Variants, joined by ``+`` for several at once:
 * ``update_<n>``: ``density.UPDATE_KEYS``; ``bucket_<n>``: ``density.BUCKET_SHARE``;
 * ``history_<n>``: ``density.HISTORY``;
 * ``start_<i>``: ``leader.START`` (with ``--policy leader``; 4 is density, and then a
-  sampled tier runs a density shadow too: ``leader.IN_STEP_ONLY`` emptied).
+  sampled tier runs a density shadow too: ``leader.IN_STEP_ONLY`` emptied);
+* ``tie_<i>``: the tier follows candidate ``i`` while every shadow has hit alike (a
+  sampled tier without that shadow: ``START``), and after the first request on which
+  they differ, the one that hit most in it (the one followed, if it is among them);
+  then the shipped rule.
 
 (``nohedge``, the leader's hedge never followed, went with the hedge; ``8dfc987``'s
 copy has it.)
@@ -56,9 +60,46 @@ _SETTINGS = {
 }
 
 
+def _follow_while_tied(first: int) -> None:
+    """``tie_<i>`` (see the module's doc)."""
+    init, observe = leader.LeaderPolicy.__init__, leader.LeaderPolicy.observe
+
+    def tied_init(self: leader.LeaderPolicy, capacity: int) -> None:
+        init(self, capacity)
+        self._tied = first < len(self._shadows)  # type: ignore[attr-defined]
+        if self._tied:  # type: ignore[attr-defined]
+            self._leader = first
+            self._tier.lead(self._shadows[first])
+
+    def tied_observe(self: leader.LeaderPolicy, keys: list[bytes]) -> None:
+        observe(self, keys)  # type: ignore[arg-type]
+        # The first difference leaves a square (this window) or, if it ended the
+        # window, a spread; the scores then rank the shadows by their hits in it.
+        if self._tied and (any(self._squares) or any(self._spreads)):  # type: ignore[attr-defined]
+            self._tied = False  # type: ignore[attr-defined]
+            scores = self._decayed()
+            if scores[self._leader] < max(scores):
+                self._leader = scores.index(max(scores))
+                self._tier.lead(self._shadows[self._leader])
+
+    leader.LeaderPolicy.__init__ = tied_init  # type: ignore[method-assign]
+    leader.LeaderPolicy.observe = tied_observe  # type: ignore[method-assign,assignment]
+
+
+_PATCHED: set[str] = set()
+"""The variants this process has patched in (a worker runs several jobs, and a wrapping
+patch applied twice would wrap itself)."""
+
+
 def _patch(variants: str) -> None:
+    if variants in _PATCHED:
+        return
+    _PATCHED.add(variants)
     for variant in variants.split("+"):
         name, _, value = variant.partition("_")
+        if name == "tie" and value:
+            _follow_while_tied(int(value))
+            continue
         if name not in _SETTINGS or not value:
             raise SystemExit(f"unknown variant {variant!r}")
         module, attr, kind = _SETTINGS[name]
