@@ -17,7 +17,15 @@ Variants, joined by ``+`` for several at once:
 * ``tie_<i>``: the tier follows candidate ``i`` while every shadow has hit alike (a
   sampled tier without that shadow: ``START``), and after the first request on which
   they differ, the one that hit most in it (the one followed, if it is among them);
-  then the shipped rule.
+  then the shipped rule;
+* ``mini_<f>``: while every shadow has hit alike, the tier follows the candidate whose
+  *small* shadow (``f`` of the tier's size, one per candidate, in step only) has hit
+  most so far (the one followed on a tie); then the shipped rule;
+* ``vote``: while every shadow has hit alike, the tier's victims are the blocks the
+  fewest shadows hold, least recently used first among as many (in step only); at the
+  first request on which they differ, an in-step tier that follows the one that hit
+  most in it (the one followed, if it is among them) takes the blocks in their order
+  of use; then the shipped rule.
 
 (``nohedge``, the leader's hedge never followed, went with the hedge; ``8dfc987``'s
 copy has it.)
@@ -37,6 +45,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -44,7 +53,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import policy_cells as pc
 
 from kvtier.bench.report import git_commit, machine_info
+from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import density, hit_density, leader
+from kvtier.scheduler.policies.base import EvictionPolicy, IsHeld
+from kvtier.scheduler.policies.recency import RecencyList
+from kvtier.scheduler.policies.segmented import SegmentedPolicy
 from kvtier.sim.replay import replay
 
 _SETTINGS = {
@@ -75,7 +88,7 @@ def _follow_while_tied(first: int) -> None:
         observe(self, keys)  # type: ignore[arg-type]
         # The first difference leaves a square (this window) or, if it ended the
         # window, a spread; the scores then rank the shadows by their hits in it.
-        if self._tied and (any(self._squares) or any(self._spreads)):  # type: ignore[attr-defined]
+        if self._tied and _first_difference(self):  # type: ignore[attr-defined]
             self._tied = False  # type: ignore[attr-defined]
             scores = self._decayed()
             if scores[self._leader] < max(scores):
@@ -84,6 +97,171 @@ def _follow_while_tied(first: int) -> None:
 
     leader.LeaderPolicy.__init__ = tied_init  # type: ignore[method-assign]
     leader.LeaderPolicy.observe = tied_observe  # type: ignore[method-assign,assignment]
+
+
+def _first_difference(policy: leader.LeaderPolicy) -> bool:
+    """Whether the shadows have hit differently on some request: it leaves a square
+    (this window) or, if it ended the window, a spread."""
+    return any(policy._squares) or any(policy._spreads)
+
+
+def _follow_small_while_tied(share: float) -> None:
+    """``mini_<f>`` (see the module's doc)."""
+    init, observe = leader.LeaderPolicy.__init__, leader.LeaderPolicy.observe
+
+    def mini_init(self: leader.LeaderPolicy, capacity: int) -> None:
+        init(self, capacity)
+        small = int(capacity * share)
+        minis = [leader._Shadow(type(shadow.policy), small) for shadow in self._shadows]
+        self._minis = minis if self._mask == 0 and small > 0 else None  # type: ignore[attr-defined]
+
+    def mini_observe(self: leader.LeaderPolicy, keys: list[bytes]) -> None:
+        minis = self._minis  # type: ignore[attr-defined]
+        if minis is None or not keys:
+            observe(self, keys)  # type: ignore[arg-type]
+            return
+        for mini in minis:
+            mini.request(keys)
+        observe(self, keys)  # type: ignore[arg-type]
+        if _first_difference(self):
+            self._minis = None  # type: ignore[attr-defined]
+            return
+        hits = [mini.hits for mini in minis]
+        best = hits.index(max(hits))
+        if hits[best] > hits[self._leader]:
+            self._leader = best
+            self._tier.lead(self._shadows[best])
+
+    leader.LeaderPolicy.__init__ = mini_init  # type: ignore[method-assign]
+    leader.LeaderPolicy.observe = mini_observe  # type: ignore[method-assign,assignment]
+
+
+Moved = Callable[[Sequence[BlockHash], Sequence[BlockHash]], None]
+
+
+class _VoteTier(SegmentedPolicy):
+    """``vote``'s tier: one recency list per number of shadows holding the block."""
+
+    learns = False
+
+    def __init__(self, capacity: int, shadows: Sequence[leader._Shadow]) -> None:
+        self._shadows = shadows
+        self._lists = [RecencyList[BlockHash]() for _ in range(len(shadows) + 1)]
+        super().__init__(capacity, self._lists)
+        self._count: dict[BlockHash, int] = {}
+        self._used = RecencyList[BlockHash]()  # every block, by last use
+
+    def moved(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
+        """A shadow evicted and stored these keys."""
+        for keys, step in ((evicted, -1), (stored, 1)):
+            for key in keys:
+                count = self._count.get(key)
+                if count is not None:
+                    self._lists[count].transfer([key], self._lists[count + step])
+                    self._count[key] = count + step
+
+    def follow(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
+        """Every shadow's moves arrive through ``moved``."""
+
+    def add(self, key: BlockHash) -> None:
+        count = self._count[key] = sum(key in shadow.resident for shadow in self._shadows)
+        self._lists[count].add(key)
+        self._used.add(key)
+
+    def touch(self, key: BlockHash, reused: bool) -> None:
+        if key in self._count:
+            self._lists[self._count[key]].touch(key)
+            self._used.touch(key)
+
+    def remove(self, key: BlockHash) -> None:
+        self._lists[self._count.pop(key)].remove(key)
+        self._used.remove(key)
+
+    def release(self, key: BlockHash) -> None:
+        self._lists[self._count[key]].release(key)
+        self._used.release(key)
+
+    def release_all(self, keys: Sequence[BlockHash]) -> None:
+        for key in keys:
+            if key in self._count:
+                self.release(key)
+
+    def choose_victims(
+        self,
+        n: int,
+        is_held: IsHeld,
+        protected: Collection[BlockHash],
+        incoming: Sequence[BlockHash],
+    ) -> list[BlockHash] | None:
+        return self._coldest_in_order(n, is_held, protected, self._lists)
+
+    def evict(self, victims: Sequence[BlockHash]) -> None:
+        for key in victims:
+            self.remove(key)
+
+    def in_step(self, capacity: int, lead: leader._Shadow) -> leader._InStep:
+        """An in-step tier following ``lead`` with these blocks, in their order of use."""
+        tier = leader._InStep(capacity, lead)
+        for key in self._used.ordered():
+            tier.add(key)
+        return tier
+
+
+class _VotingShadow(leader._Shadow):
+    """A shadow that reports its moves to ``moved`` (while the vote lasts)."""
+
+    __slots__ = ("moved",)
+
+    def __init__(self, cls: type[EvictionPolicy], capacity: int) -> None:
+        super().__init__(cls, capacity)
+        self.moved: Moved | None = None
+
+    def request(
+        self, keys: Sequence[BlockHash], backwards: Sequence[BlockHash] | None = None
+    ) -> tuple[list[BlockHash], list[BlockHash]]:
+        evicted, stored = super().request(keys, backwards)
+        if self.moved is not None and (evicted or stored):
+            self.moved(evicted, stored)
+        return evicted, stored
+
+
+def _vote_while_tied() -> None:
+    """``vote`` (see the module's doc)."""
+    init, observe = leader.LeaderPolicy.__init__, leader.LeaderPolicy.observe
+
+    def vote_init(self: leader.LeaderPolicy, capacity: int) -> None:
+        init(self, capacity)
+        if self._mask == 0:
+            shadows = tuple(_VotingShadow(type(s.policy), capacity) for s in self._shadows)
+            tier = _VoteTier(capacity, shadows)
+            for shadow in shadows:
+                shadow.moved = tier.moved
+            self._shadows, self._tier = shadows, tier  # type: ignore[assignment]
+            self._voters = shadows  # type: ignore[attr-defined]
+
+    def vote_observe(self: leader.LeaderPolicy, keys: list[bytes]) -> None:
+        tier = self._tier
+        if not isinstance(tier, _VoteTier) or not keys:
+            observe(self, keys)  # type: ignore[arg-type]
+            return
+        before = [shadow.hits for shadow in self._shadows]
+        left = self._left
+        observe(self, keys)  # type: ignore[arg-type]
+        if not _first_difference(self):
+            return
+        if self._left > left - len(keys):  # it ended a window: the scores rank this request
+            scores = self._scores
+        else:
+            scores = [s.hits - b for s, b in zip(self._shadows, before, strict=True)]
+        best = scores.index(max(scores))
+        if scores[best] > scores[self._leader]:
+            self._leader = best
+        for shadow in self._voters:  # type: ignore[attr-defined]
+            shadow.moved = None
+        self._tier = tier.in_step(self.capacity, self._shadows[self._leader])
+
+    leader.LeaderPolicy.__init__ = vote_init  # type: ignore[method-assign]
+    leader.LeaderPolicy.observe = vote_observe  # type: ignore[method-assign,assignment]
 
 
 _PATCHED: set[str] = set()
@@ -99,6 +277,12 @@ def _patch(variants: str) -> None:
         name, _, value = variant.partition("_")
         if name == "tie" and value:
             _follow_while_tied(int(value))
+            continue
+        if name == "mini" and value:
+            _follow_small_while_tied(float(value))
+            continue
+        if name == "vote" and not value:
+            _vote_while_tied()
             continue
         if name not in _SETTINGS or not value:
             raise SystemExit(f"unknown variant {variant!r}")
