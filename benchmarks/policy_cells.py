@@ -12,7 +12,9 @@ blocks are exact integers, so a tie is a tie. Run from the repository root::
 
 ``--quick`` replays only seed 1 of each generated shape plus the synthetic trace;
 ``--seeds 4,5`` other seeds of the generated shapes (held out from the tuning; the
-synthetic trace only with seed 1).
+synthetic trace only with seed 1). ``--scale 10`` generates each shape 10 times as
+large (requests, open conversations and agents, system and tool prompts; no synthetic
+trace): its 25 and 50 % tiers reach 65,536 blocks, where ``leader`` samples.
 """
 
 from __future__ import annotations
@@ -22,33 +24,47 @@ import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from kvtier.bench.report import git_commit, machine_info
 from kvtier.sim.cli import DEFAULT_TRACE
 from kvtier.sim.replay import replay
 from kvtier.sim.trace import Trace, read_mooncake
-from kvtier.sim.workload import generate, shaped
+from kvtier.sim.workload import WorkloadConfig, generate, shaped
 
 SHARES = (0.01, 0.05, 0.10, 0.25, 0.50)
 SHAPES = ("mixed", "chat", "documents", "agents")
 
 
-def _workloads(seeds: tuple[int, ...]) -> list[str]:
-    synthetic = ["synthetic"] if 1 in seeds else []
+def _workloads(seeds: tuple[int, ...], scale: int = 1) -> list[str]:
+    synthetic = ["synthetic"] if 1 in seeds and scale == 1 else []
     return synthetic + [f"{shape}_seed{seed}" for shape in SHAPES for seed in seeds]
 
 
-def _trace(workload: str) -> Trace:
+def _scaled(config: WorkloadConfig, scale: int) -> WorkloadConfig:
+    """The same shape ``scale`` times as large: as many more requests, and as many more
+    of everything they share or keep open."""
+    return replace(
+        config,
+        requests=config.requests * scale,
+        open_chats=config.open_chats * scale,
+        system_prompts=config.system_prompts * scale,
+        open_agents=config.open_agents * scale,
+        tool_prompts=config.tool_prompts * scale,
+    )
+
+
+def _trace(workload: str, scale: int = 1) -> Trace:
     if workload == "synthetic":
         return read_mooncake(DEFAULT_TRACE)
     shape, seed = workload.split("_seed")
-    return generate(shaped(shape, int(seed)))
+    return generate(_scaled(shaped(shape, int(seed)), scale))
 
 
-def _run(job: tuple[str, tuple[str, ...]]) -> dict[str, object]:
-    workload, policies = job
-    trace = _trace(workload)
+def _run(job: tuple[str, tuple[str, ...], int]) -> dict[str, object]:
+    workload, policies, scale = job
+    trace = _trace(workload, scale)
     hits: dict[str, list[int]] = {}
     caps = [round(share * trace.num_distinct_blocks) for share in SHARES]
     for policy in policies:
@@ -62,6 +78,7 @@ def main() -> None:
     parser.add_argument("--policy", action="append", help="candidate (default: adaptive)")
     parser.add_argument("--quick", action="store_true", help="seed 1 only (5 workloads)")
     parser.add_argument("--seeds", default="1,2,3", help="generated seeds (default 1,2,3)")
+    parser.add_argument("--scale", type=int, default=1, help="generated shapes x N (default 1)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -69,7 +86,7 @@ def main() -> None:
     policies = ("lru", "arc", *candidates)
     start = time.perf_counter()
     seeds = (1,) if args.quick else tuple(int(seed) for seed in args.seeds.split(","))
-    jobs = [(w, policies) for w in _workloads(seeds)]
+    jobs = [(w, policies, args.scale) for w in _workloads(seeds, args.scale)]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(_run, jobs))
     print(
@@ -103,7 +120,12 @@ def main() -> None:
             "machine": machine_info(),
             "commit": git_commit(),
             "load_average": load,
-            "configuration": {"shares": SHARES, "policies": policies, "seeds": seeds},
+            "configuration": {
+                "shares": SHARES,
+                "policies": policies,
+                "seeds": seeds,
+                "scale": args.scale,
+            },
             "rows": rows,
             "summary": summary,
         }
