@@ -111,9 +111,12 @@ def _follow_small_while_tied(share: float) -> None:
 
     def mini_init(self: leader.LeaderPolicy, capacity: int) -> None:
         init(self, capacity)
-        small = int(capacity * share)
-        minis = [leader._Shadow(type(shadow.policy), small) for shadow in self._shadows]
-        self._minis = minis if self._mask == 0 and small > 0 else None  # type: ignore[attr-defined]
+        small = int(capacity * share) if self._mask == 0 else 0  # in step only
+        self._minis = (  # type: ignore[attr-defined]
+            [leader._Shadow(type(shadow.policy), small) for shadow in self._shadows]
+            if small > 0
+            else None
+        )
 
     def mini_observe(self: leader.LeaderPolicy, keys: list[bytes]) -> None:
         minis = self._minis  # type: ignore[attr-defined]
@@ -144,8 +147,10 @@ class _VoteTier(SegmentedPolicy):
 
     learns = False
 
-    def __init__(self, capacity: int, shadows: Sequence[leader._Shadow]) -> None:
+    def __init__(self, capacity: int, shadows: Sequence[_VotingShadow]) -> None:
         self._shadows = shadows
+        for shadow in shadows:
+            shadow.moved = self.moved
         self._lists = [RecencyList[BlockHash]() for _ in range(len(shadows) + 1)]
         super().__init__(capacity, self._lists)
         self._count: dict[BlockHash, int] = {}
@@ -200,7 +205,10 @@ class _VoteTier(SegmentedPolicy):
             self.remove(key)
 
     def in_step(self, capacity: int, lead: leader._Shadow) -> leader._InStep:
-        """An in-step tier following ``lead`` with these blocks, in their order of use."""
+        """An in-step tier following ``lead`` with these blocks, in their order of use;
+        the shadows stop reporting their moves."""
+        for shadow in self._shadows:
+            shadow.moved = None
         tier = leader._InStep(capacity, lead)
         for key in self._used.ordered():
             tier.add(key)
@@ -233,11 +241,7 @@ def _vote_while_tied() -> None:
         init(self, capacity)
         if self._mask == 0:
             shadows = tuple(_VotingShadow(type(s.policy), capacity) for s in self._shadows)
-            tier = _VoteTier(capacity, shadows)
-            for shadow in shadows:
-                shadow.moved = tier.moved
-            self._shadows, self._tier = shadows, tier  # type: ignore[assignment]
-            self._voters = shadows  # type: ignore[attr-defined]
+            self._shadows, self._tier = shadows, _VoteTier(capacity, shadows)  # type: ignore[assignment]
 
     def vote_observe(self: leader.LeaderPolicy, keys: list[bytes]) -> None:
         tier = self._tier
@@ -256,8 +260,6 @@ def _vote_while_tied() -> None:
         best = scores.index(max(scores))
         if scores[best] > scores[self._leader]:
             self._leader = best
-        for shadow in self._voters:  # type: ignore[attr-defined]
-            shadow.moved = None
         self._tier = tier.in_step(self.capacity, self._shadows[self._leader])
 
     leader.LeaderPolicy.__init__ = vote_init  # type: ignore[method-assign]
