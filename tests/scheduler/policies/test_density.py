@@ -26,7 +26,7 @@ from kvtier.sim.replay import replay
 from kvtier.sim.trace import trace_from_requests
 from tests.budget import examples
 
-from .density_model import density_model
+from .density_model import DensityModel, density_model
 
 
 def k(i: int) -> BlockHash:
@@ -300,3 +300,68 @@ def test_density_matches_its_model_while_it_learns(
             # nothing kept for a block the tier no longer holds (``_last`` leaked once)
             listed = set().union(*(listing.keys() for listing in policy._lists))
             assert set(policy._last) == set(policy._class) == listed == set(real.keys())
+
+
+# -- against the model, call by call ------------------------------------------------
+
+calls = st.lists(
+    st.tuples(
+        st.sampled_from(["lookup", "store", "touch"]),
+        st.lists(st.integers(0, 11), min_size=1, max_size=7),
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
+@given(capacity=st.integers(2, 8), calls=calls, update=st.integers(3, 9))
+def test_density_matches_its_model_call_by_call(
+    capacity: int, calls: list[tuple[str, list[int]]], update: int
+) -> None:
+    """The policy and its model driven directly, in any order the manager's protocol
+    allows: lookups that no touch follows, requests that repeat a key, resident keys
+    after a missing one. After every call the two hold the same hit and eviction
+    counts (floats, exactly), the same last-use times and classes, and choose the same
+    victims. (The manager-driven test above always touches after a lookup, so it
+    cannot see a lookup that forgets to make its hits' last use ``now``.)"""
+    with (
+        mock.patch.object(density, "UPDATE_KEYS", update),
+        mock.patch.object(density, "HISTORY", 1),
+        mock.patch.object(hit_density, "BUCKETS", 6),
+    ):
+        real = make_policy("density", capacity)
+        model = density_model(capacity)
+        assert isinstance(real, DensityPolicy)
+        assert isinstance(model, DensityModel)
+        for call, ids in calls:
+            request = keys(*ids)
+            if call == "lookup":
+                real.observe(request)
+                model.observe(request)
+            elif call == "touch":
+                used = [key for key in request if key in model]
+                real.touch_all(used, ())
+                for key in used:
+                    model.touch(key, reused=True)
+            else:
+                new = [key for key in dict.fromkeys(request) if key not in model][:capacity]
+                need = len(model) + len(new) - capacity
+                if need > 0:
+                    victims = real.choose_victims(need, _never_held, set(request), new)
+                    assert victims == model.choose_victims(need, _never_held, set(request), new)
+                    if victims is None:
+                        continue
+                    real.evict(victims)
+                    model.evict(victims)
+                real.add_all(new)
+                for key in new:
+                    model.add(key)
+            assert real._density._hits == model.hits
+            assert real._density._evictions == model.evictions
+            assert real._last == model.time
+            assert {key: real.class_of(key) for key in real._class} == model.cls
+
+
+def _never_held(key: BlockHash) -> bool:
+    return False
