@@ -490,6 +490,16 @@ class LeaderModel(EvictionPolicy):
     squared difference of the two's hits (then the margin alone decides), or when a
     decision then would hand the lead over. (A lead within a relative 1e-9 of the
     bar is not over it: one request's difference is exactly one standard deviation.)
+
+    In step, with a ``reserve`` share, the tier keeps up to ``max(1, round(reserve *
+    capacity))`` blocks of extra that ARC's or SLRU's shadow holds ("guarded"): its
+    victims are then extra's unguarded blocks, the guarded ones past that number (the
+    least reused first, then the coldest), kept's unguarded blocks among its
+    ``scan * need + 64`` coldest evictable ones, the other guarded ones, then kept's
+    coldest. Reuses count from touches while the reserve lasts. It ends for good after
+    the first request on which the ARC or SLRU shadow hit fewer keys than the leader,
+    or the tier (its prefix of the request before the shadows served it) did, and at
+    the first switch.
     """
 
     name = "leader"
@@ -505,9 +515,14 @@ class LeaderModel(EvictionPolicy):
         early: float,
         significance: float,
         rate: int = 1,
+        reserve: float = 0.0,
+        scan: int = 64,
     ) -> None:
         super().__init__(capacity)
         self.rate = rate
+        self.reserve = max(1, round(reserve * capacity)) if reserve > 0 and rate == 1 else 0
+        self.scan = scan
+        self.uses: dict[BlockHash, int] = {}
         # a sampled leader runs no density shadow (``leader.IN_STEP_ONLY``), the last one
         candidates = CANDIDATE_MODELS if rate == 1 else CANDIDATE_MODELS[:-1]
         self.shadows = [_ShadowModel(make(capacity // rate)) for make in candidates]
@@ -551,6 +566,11 @@ class LeaderModel(EvictionPolicy):
             self.tier.observe(keys)  # a sampled tier's policy learns every request
         if zlib.crc32(keys[0]) % self.rate != 0:
             return
+        tier = set(self.kept) | set(self.extra)
+        tier_hit = 0
+        while tier_hit < len(keys) and keys[tier_hit] in tier:
+            tier_hit += 1
+        leader_before = self.leader
         before = [shadow.hits for shadow in self.shadows]
         for shadow in self.shadows:
             evicted, stored = shadow.serve(keys)
@@ -565,6 +585,8 @@ class LeaderModel(EvictionPolicy):
                     self.extra.remove(key)
                     self.kept.append(key)
         gained = [shadow.hits - hits for shadow, hits in zip(self.shadows, before, strict=True)]
+        if self.reserve and min(gained[1], gained[2], tier_hit) < gained[leader_before]:
+            self.reserve, self.uses = 0, {}  # shadows 1 and 2: ARC and SLRU
         self.since.append(tuple(gained))
         self.left -= len(keys)
         ends = self.left <= 0
@@ -594,6 +616,7 @@ class LeaderModel(EvictionPolicy):
                 shadow.hits = 0
             if switch:
                 self.leader = best
+                self.reserve, self.uses = 0, {}
                 if self.rate > 1:
                     self.pending = best
             self.left = self.window
@@ -634,6 +657,8 @@ class LeaderModel(EvictionPolicy):
         for segment in (self.kept, self.extra):
             if key in segment:
                 _to_mru(segment, key)
+        if reused and self.reserve:
+            self.uses[key] = self.uses.get(key, 0) + 1
 
     def remove(self, key: BlockHash) -> None:
         if self.rate > 1:
@@ -641,6 +666,7 @@ class LeaderModel(EvictionPolicy):
             self.tier.remove(key)
         else:
             (self.kept if key in self.kept else self.extra).remove(key)
+            self.uses.pop(key, None)
 
     def release(self, key: BlockHash) -> None:
         pass
@@ -664,10 +690,27 @@ class LeaderModel(EvictionPolicy):
                         self.tier.add(key)
                 self.pending = None
             return self.tier.choose_victims(n, is_held, protected, incoming)
-        candidates = _evictable(self.extra, is_held, protected) + _evictable(
-            self.kept, is_held, protected
+        extra = _evictable(self.extra, is_held, protected)
+        kept = _evictable(self.kept, is_held, protected)
+        if not self.reserve:
+            candidates = extra + kept
+            return candidates[:n] if len(candidates) >= n else None
+
+        def guarded(key: BlockHash) -> bool:
+            return key in self.shadows[1].resident or key in self.shadows[2].resident
+
+        victims = [key for key in extra if not guarded(key)][:n]
+        reserved = sorted(
+            (key for key in extra if guarded(key)), key=lambda key: self.uses.get(key, 0)
         )
-        return candidates[:n] if len(candidates) >= n else None
+        over = max(0, len(reserved) - self.reserve)
+        victims += reserved[: min(over, n - len(victims))]
+        reserved = reserved[over:]
+        need = n - len(victims)
+        victims += [key for key in kept[: self.scan * need + 64] if not guarded(key)][:need]
+        victims += reserved[: n - len(victims)]
+        victims += [key for key in kept if key not in victims][: n - len(victims)]
+        return victims if len(victims) == n else None
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         if self.rate > 1:
@@ -694,6 +737,8 @@ def _leader_model(capacity: int) -> EvictionPolicy:
         early=leader.EARLY,
         significance=leader.SIGNIFICANCE,
         rate=sampling.sample_rate(capacity),
+        reserve=leader.RESERVE,
+        scan=leader.RESERVE_SCAN,
     )
 
 

@@ -26,7 +26,9 @@ from .twins import block_key, manager_for, serve
 def test_a_leader_that_never_changes_is_exactly_that_policy(
     monkeypatch: pytest.MonkeyPatch, start: int, name: str
 ) -> None:
-    """In step with its leader the tier evicts what the leader evicts: same hits."""
+    """In step with its leader the tier evicts what the leader evicts: same hits
+    (without the reserve, which keeps some blocks the leader evicted)."""
+    monkeypatch.setattr(leader, "RESERVE", 0.0)
     monkeypatch.setattr(leader, "START", start)
     monkeypatch.setattr(leader, "WINDOW_MIN", 10**12)  # never decides
     monkeypatch.setattr(leader, "EARLY", math.inf)  # not even early
@@ -44,15 +46,23 @@ requests = st.lists(
 
 
 @settings(max_examples=examples(200), deadline=None, derandomize=True)
-@given(capacity=st.integers(1, 8), window=st.integers(1, 12), reqs=requests)
+@given(
+    capacity=st.integers(1, 8),
+    window=st.integers(1, 12),
+    reqs=requests,
+    reserve=st.sampled_from([leader.RESERVE, 0.5]),
+)
 def test_manager_over_leader_matches_manager_over_its_model(
-    capacity: int, window: int, reqs: list[tuple[list[int], bool, bool]]
+    capacity: int, window: int, reqs: list[tuple[list[int], bool, bool]], reserve: float
 ) -> None:
     """Requests with pins and failed stores, decisions every few keys: the same hits,
-    evictions, leader and list sizes as the plain model, after every request."""
+    evictions, leader and list sizes as the plain model, after every request (with
+    the shipped reserve, one block at these sizes, and with half the tier, where the
+    reserve's own order -- least reused first -- decides)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(leader, "WINDOW_MIN", window)
         mp.setattr(leader, "MARGIN", 0.0)
+        mp.setattr(leader, "RESERVE", reserve)
         policy = make_policy("leader", capacity)
         assert isinstance(policy, LeaderPolicy)
         model = LeaderModel(
@@ -63,6 +73,8 @@ def test_manager_over_leader_matches_manager_over_its_model(
             margin=0.0,
             early=leader.EARLY,
             significance=leader.SIGNIFICANCE,
+            reserve=leader.RESERVE,
+            scan=leader.RESERVE_SCAN,
         )
         real, twin = manager_for(policy, capacity), manager_for(model, capacity)
         for ids, load, ok in reqs:
@@ -181,6 +193,8 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
         margin=leader.MARGIN,
         early=leader.EARLY,
         significance=leader.SIGNIFICANCE,
+        reserve=leader.RESERVE,
+        scan=leader.RESERVE_SCAN,
     )
     tier, twin, lru = (
         manager_for(policy, 8),
@@ -231,6 +245,8 @@ def test_a_clear_or_significant_lead_ends_a_window_early(
         margin=leader.MARGIN,
         early=early,
         significance=significance,
+        reserve=leader.RESERVE,
+        scan=leader.RESERVE_SCAN,
     )
     tier, twin = manager_for(policy, 8), manager_for(model, 8)
     leaders = []

@@ -71,6 +71,8 @@ def _run(
         margin=margin,
         early=early,
         significance=significance,
+        reserve=leader.RESERVE,
+        scan=leader.RESERVE_SCAN,
     )
     real, twin = manager_for(policy, capacity), manager_for(model, capacity)
     leaders: list[str] = []

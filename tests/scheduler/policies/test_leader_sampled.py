@@ -94,6 +94,8 @@ def _run(
         margin=leader.MARGIN,
         early=early,
         significance=significance,
+        reserve=leader.RESERVE,
+        scan=leader.RESERVE_SCAN,
         rate=rate,
     )
     real, twin = manager_for(policy, capacity), manager_for(model, capacity)

@@ -73,7 +73,7 @@ parks the held blocks again at its first search: O(held) once per switch).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from itertools import filterfalse, takewhile
+from itertools import filterfalse, islice, takewhile
 from zlib import crc32
 
 from kvtier.blocks import BlockHash
@@ -132,6 +132,19 @@ EARLY = 4.0
 the test fires once to three times in the few cells it changes (``chat`` seed 2 at
 1 %: after 5,244 of the first window's 8,192 keys); at three or two it also switches
 on noise (``docs/simulate.md``)."""
+
+RESERVE = 0.03
+"""Share of the tier an in-step tier keeps, while it follows ``START``, for blocks
+``START``'s shadow evicted that a ``GUARDS`` shadow holds (the *reserve*). It is given
+up for good at the first request on which a guard hits less than the leader, or the
+tier itself does, and at the first switch (``_InStep``). 0: no reserve."""
+
+GUARDS: tuple[type[EvictionPolicy], ...] = (ARCPolicy, SegmentedLRUPolicy)
+"""The shadows whose blocks the reserve keeps: the frequency-keeping ones."""
+
+RESERVE_SCAN = 64
+"""Blocks of the leader's coldest looked at per victim needed (plus 64) for one that
+no guard holds, before the reserve gives up a block."""
 
 _ROUNDING = 1 + 1e-9
 """A lead within rounding of ``SIGNIFICANCE`` standard deviations is not significant:
@@ -216,12 +229,27 @@ class _InStep(SegmentedPolicy):
 
     learns = False  # ``observe`` is the base's: nothing to learn
 
-    def __init__(self, capacity: int, leader: _Shadow) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        leader: _Shadow,
+        guards: Sequence[set[BlockHash]] = (),
+        reserve: int = 0,
+    ) -> None:
         self._kept: RecencyList[BlockHash] = RecencyList()
         self._extra: RecencyList[BlockHash] = RecencyList()
         super().__init__(capacity, (self._extra, self._kept))
         self._leader = leader
         self._holds = leader.resident
+        self._guards = guards  # the guards' ``resident`` sets
+        self.reserve = reserve if guards else 0  # 0: given up
+        self._uses: dict[BlockHash, int] = {}  # reuses of each block, while reserving
+
+    def drop_reserve(self) -> None:
+        """Give the reserve up for good: from the next search the tier's victims are
+        its leader's again (the reserved blocks first: they are in *extra*)."""
+        self.reserve = 0
+        self._uses = {}
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -245,6 +273,7 @@ class _InStep(SegmentedPolicy):
 
     def lead(self, leader: _Shadow) -> None:
         """Split the tier's blocks anew into kept and extra for a new leader."""
+        self.drop_reserve()
         self._leader = leader
         holds = self._holds = leader.resident
         kept, extra = self._kept, self._extra
@@ -266,6 +295,12 @@ class _InStep(SegmentedPolicy):
             self._kept.touch(key)
         elif key in self._extra:
             self._extra.touch(key)
+        if reused and self.reserve:
+            self._uses[key] = self._uses.get(key, 0) + 1
+
+    def remove(self, key: BlockHash) -> None:
+        super().remove(key)
+        self._uses.pop(key, None)
 
     def choose_victims(
         self,
@@ -274,10 +309,59 @@ class _InStep(SegmentedPolicy):
         protected: Collection[BlockHash],
         incoming: Sequence[BlockHash],
     ) -> list[BlockHash] | None:
-        return self._coldest_in_order(n, is_held, protected, (self._extra, self._kept))
+        if not self.reserve:
+            return self._coldest_in_order(n, is_held, protected, (self._extra, self._kept))
+        return self._victims_reserving(n, is_held, protected)
+
+    def _victims_reserving(
+        self, n: int, is_held: IsHeld, protected: Collection[BlockHash]
+    ) -> list[BlockHash] | None:
+        """Victims while the tier keeps a reserve, in this order: blocks the leader
+        evicted that no guard holds (coldest first); the reserved blocks -- evicted by
+        the leader, held by a guard -- past ``reserve``, least reused first (then
+        coldest); the leader's coldest blocks that no guard holds, among its
+        ``RESERVE_SCAN`` coldest per victim needed; the other reserved blocks; the
+        leader's coldest."""
+        guards = self._guards
+        victims: list[BlockHash] = []
+        reserved: list[BlockHash] = []
+        search = self._extra.evictable(is_held, protected)
+        for key in search:
+            if any(key in guard for guard in guards):
+                reserved.append(key)
+            else:
+                victims.append(key)
+                if len(victims) == n:
+                    search.close()
+                    return victims
+        search.close()
+        uses = self._uses
+        reserved.sort(key=lambda key: uses.get(key, 0))  # stable: the coldest first
+        over = len(reserved) - self.reserve
+        if over > 0:
+            victims += reserved[: min(over, n - len(victims))]
+            reserved = reserved[over:]
+        if len(victims) < n:
+            need = n - len(victims)
+            search = self._kept.evictable(is_held, protected)
+            coldest = list(islice(search, RESERVE_SCAN * need + 64))
+            search.close()
+            victims += [key for key in coldest if not any(key in guard for guard in guards)][:need]
+        if len(victims) < n:
+            victims += reserved[: n - len(victims)]
+        if len(victims) < n:
+            chosen = set(victims)
+            search = self._kept.evictable(is_held, protected)
+            victims += list(islice(filterfalse(chosen.__contains__, search), n - len(victims)))
+            search.close()
+        return victims if len(victims) == n else None
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         self.remove_all(victims)
+        if self._uses:
+            uses = self._uses
+            for key in victims:
+                uses.pop(key, None)
 
 
 class _Rebuilt(EvictionPolicy):
@@ -299,6 +383,8 @@ class _Rebuilt(EvictionPolicy):
         self.policy = type(leader.policy)(capacity)
         self.learns = leader.learns  # whether ``policy`` learns in ``observe``
         self._next: type[EvictionPolicy] | None = None  # a leader not yet taken on
+
+    reserve = 0  # a sampled tier keeps no reserve (``RESERVE``)
 
     def __len__(self) -> int:
         return len(self.policy)
@@ -402,9 +488,15 @@ class LeaderPolicy(EvictionPolicy):
             self._pair[i, j] = self._pair[j, i] = p
         self._window = max(1, max(WINDOW_MIN, capacity // WINDOW_DIV) // rate)
         self._left = self._window
-        self._tier: _InStep | _Rebuilt = (
-            _InStep(capacity, leader) if rate == 1 else _Rebuilt(capacity, leader)
-        )
+        self._guards = [i for i, s in enumerate(self._shadows) if type(s.policy) in GUARDS]
+        self._gains: list[int] | None = None  # each shadow's hits in the last request
+        self._tier: _InStep | _Rebuilt
+        if rate == 1:
+            guards = [self._shadows[i].resident for i in self._guards]
+            reserve = max(1, round(RESERVE * capacity)) if RESERVE > 0 else 0
+            self._tier = _InStep(capacity, leader, guards, reserve)
+        else:
+            self._tier = _Rebuilt(capacity, leader)
 
     @property
     def leader(self) -> str:
@@ -434,6 +526,25 @@ class LeaderPolicy(EvictionPolicy):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if not keys:
             return
+        tier = self._tier
+        if not tier.reserve:
+            self._observe(keys)
+            return
+        assert isinstance(tier, _InStep), "only a tier in step keeps a reserve"
+        # The reserve is given up at the first request on which a guard hits less
+        # than the leader, or the tier itself does (a switch gives it up too).
+        lead = self._leader
+        hit = len(list(takewhile(tier.__contains__, keys)))
+        self._observe(keys)
+        gains = self._gains  # None: every shadow hit every key
+        if gains is None:
+            if hit < len(keys):
+                tier.drop_reserve()
+        elif min(min(gains[i] for i in self._guards), hit) < gains[lead]:
+            tier.drop_reserve()
+
+    def _observe(self, keys: Sequence[BlockHash]) -> None:
+        """Serve the request in every (sampled) shadow; follow, and decide."""
         tier, mask = self._tier, self._mask
         if tier.learns:
             tier.observe(keys)
@@ -444,6 +555,7 @@ class LeaderPolicy(EvictionPolicy):
         everywhere = self._everywhere
         n = len(keys)
         if everywhere.issuperset(keys):  # every shadow holds every key: all hit them all
+            self._gains = None
             for shadow in shadows:
                 shadow.hit_all(keys, backwards)
             # no lead moved, so no early decision: ``_clear_lead`` and ``_challenger``
@@ -462,6 +574,7 @@ class LeaderPolicy(EvictionPolicy):
                 everywhere.difference_update(evicted)
             if shadow is lead:
                 tier.follow(evicted, stored)
+        self._gains = gains
         if gains.count(n) == len(gains):  # each shadow hit every key: none was evicted
             everywhere.update(keys)
         self._left -= n
