@@ -46,7 +46,15 @@ blocks):
   calls ``observe`` at lookup, before it touches or stores the request's
   blocks, so the leader has already evicted what the tier will: the tier's victims
   are exactly the leader's. A switch re-sorts the blocks into kept and extra:
-  O(capacity), at most once per decision.
+  O(capacity), at most once per decision. Until then, while it follows ``START``, the
+  tier keeps a *reserve* (``RESERVE``): blocks of extra that a ``GUARDS`` shadow (ARC,
+  SLRU) holds stay, up to ``RESERVE`` of the tier, and LRU's coldest blocks that no
+  guard holds go instead. While every shadow hits alike nothing tells LRU's choice
+  from ARC's, and the blocks only the frequency shadows kept were all four of the
+  cells ``leader`` lost to ARC (issue 14). The reserve is given up for good at the
+  first request on which a guard hits less than the leader, or the tier does
+  (``observe``), and at the first switch; from then on the tier's victims are the
+  leader's.
 * **Sampled** (R > 1, ``_Rebuilt``): the shadows hold ``capacity // R`` keys and see
   1 request in R (SHARDS), so they cost about 4/R of a full shadow per looked-up key,
   but cannot say which of the tier's blocks the leader would hold. The tier keeps its
@@ -72,8 +80,9 @@ parks the held blocks again at its first search: O(held) once per switch).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Sequence
-from itertools import filterfalse, islice, takewhile
+from itertools import filterfalse, islice, repeat, takewhile
 from zlib import crc32
 
 from kvtier.blocks import BlockHash
@@ -243,13 +252,17 @@ class _InStep(SegmentedPolicy):
         self._holds = leader.resident
         self._guards = guards  # the guards' ``resident`` sets
         self.reserve = reserve if guards else 0  # 0: given up
-        self._uses: dict[BlockHash, int] = {}  # reuses of each block, while reserving
+        self._uses: Counter[BlockHash] = Counter()  # reuses of each block, while reserving
+
+    def holds_all(self, keys: Sequence[BlockHash]) -> bool:
+        """Whether the tier holds every key (C-level when kept holds them all)."""
+        return self._kept.holds_all(keys) or all(map(self.__contains__, keys))
 
     def drop_reserve(self) -> None:
         """Give the reserve up for good: from the next search the tier's victims are
         its leader's again (the reserved blocks first: they are in *extra*)."""
         self.reserve = 0
-        self._uses = {}
+        self._uses = Counter()
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -296,7 +309,18 @@ class _InStep(SegmentedPolicy):
         elif key in self._extra:
             self._extra.touch(key)
         if reused and self.reserve:
-            self._uses[key] = self._uses.get(key, 0) + 1
+            self._uses[key] += 1
+
+    def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
+        kept, extra = self._kept, self._extra
+        done = kept.touch_listed(keys)  # the usual case: all in kept (C-level)
+        for key in keys[done:]:
+            if key in kept:
+                kept.touch(key)
+            elif key in extra:
+                extra.touch(key)
+        if self.reserve:  # reuses: the keys not being stored (C-level count)
+            self._uses.update(filterfalse(storing.__contains__, keys) if storing else keys)
 
     def remove(self, key: BlockHash) -> None:
         super().remove(key)
@@ -323,12 +347,17 @@ class _InStep(SegmentedPolicy):
         ``RESERVE_SCAN`` coldest per victim needed; the other reserved blocks; the
         leader's coldest."""
         guards = self._guards
+        coldest = self._extra.coldest(n, is_held, protected)
+        if coldest is not None and all(map(set.isdisjoint, guards, repeat(coldest))):
+            return coldest  # the usual case: extra's coldest are unguarded (C-level)
         victims: list[BlockHash] = []
         reserved: list[BlockHash] = []
         search = self._extra.evictable(is_held, protected)
         for key in search:
-            if any(key in guard for guard in guards):
-                reserved.append(key)
+            for guard in guards:
+                if key in guard:
+                    reserved.append(key)
+                    break
             else:
                 victims.append(key)
                 if len(victims) == n:
@@ -336,9 +365,9 @@ class _InStep(SegmentedPolicy):
                     return victims
         search.close()
         uses = self._uses
-        reserved.sort(key=lambda key: uses.get(key, 0))  # stable: the coldest first
         over = len(reserved) - self.reserve
         if over > 0:
+            reserved.sort(key=lambda key: uses.get(key, 0))  # stable: the coldest first
             victims += reserved[: min(over, n - len(victims))]
             reserved = reserved[over:]
         if len(victims) < n:
@@ -347,7 +376,9 @@ class _InStep(SegmentedPolicy):
             coldest = list(islice(search, RESERVE_SCAN * need + 64))
             search.close()
             victims += [key for key in coldest if not any(key in guard for guard in guards)][:need]
-        if len(victims) < n:
+        if len(victims) < n and reserved:
+            if over <= 0:
+                reserved.sort(key=lambda key: uses.get(key, 0))
             victims += reserved[: n - len(victims)]
         if len(victims) < n:
             chosen = set(victims)
@@ -532,15 +563,15 @@ class LeaderPolicy(EvictionPolicy):
             return
         assert isinstance(tier, _InStep), "only a tier in step keeps a reserve"
         # The reserve is given up at the first request on which a guard hits less
-        # than the leader, or the tier itself does (a switch gives it up too).
+        # than the leader, or the tier itself does (a switch gives it up too). The
+        # shadows' requests do not change which blocks the tier holds.
         lead = self._leader
-        hit = len(list(takewhile(tier.__contains__, keys)))
         self._observe(keys)
         gains = self._gains  # None: every shadow hit every key
-        if gains is None:
-            if hit < len(keys):
-                tier.drop_reserve()
-        elif min(min(gains[i] for i in self._guards), hit) < gains[lead]:
+        led = len(keys) if gains is None else gains[lead]
+        if (gains is not None and min(gains[i] for i in self._guards) < led) or (
+            led and not tier.holds_all(keys[:led] if led < len(keys) else keys)
+        ):
             tier.drop_reserve()
 
     def _observe(self, keys: Sequence[BlockHash]) -> None:
