@@ -27,6 +27,15 @@ Variants, joined by ``+`` for several at once:
   most in it (the one followed, if it is among them) takes the blocks in their order
   of use; then the shipped rule.
 
+* ``reserve_<f>``, ``treserve_<f>``, ``breserve_<f>``, ``greserve_<f>``: an in-step
+  tier that, while it follows ``START``, keeps up to ``f`` of its blocks among those the
+  leader evicted that ARC or SLRU hold (evicting the leader's coldest blocks that
+  neither holds instead, up to ``RESERVE_SCAN`` per victim needed plus 64), given up at
+  the first switch and: never (``reserve``), at the first request on which the
+  shadows differ (``treserve``), on which some shadow hits more than the leader
+  (``breserve``), on which ARC, SLRU or the tier hits less than the leader
+  (``greserve``; shipped as ``leader.RESERVE`` in the fourteenth round).
+
 (``nohedge``, the leader's hedge never followed, went with the hedge; ``8dfc987``'s
 copy has it.)
 
@@ -42,13 +51,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from itertools import filterfalse
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from itertools import filterfalse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -339,7 +348,8 @@ class _ReserveTier(leader._InStep):
         if len(victims) < n:  # then the leader's coldest blocks
             chosen = set(victims)
             search = self._kept.evictable(is_held, protected)
-            victims += list(itertools.islice(filterfalse(chosen.__contains__, search), n - len(victims)))
+            rest = filterfalse(chosen.__contains__, search)
+            victims += list(itertools.islice(rest, n - len(victims)))
             search.close()
         return victims if len(victims) == n else None
 
@@ -366,9 +376,7 @@ def _reserve(share: float, until: str) -> None:
         observe(self, keys)  # type: ignore[arg-type]
         gains = [shadow.hits - b for shadow, b in zip(self._shadows, before, strict=True)]
         if until == "guards":  # ARC or SLRU hit less than the leader, or the tier did
-            done = min(gains) >= 0 and (
-                min(gains[1], gains[2], tier_hit) < gains[lead]
-            )
+            done = min(gains) >= 0 and (min(gains[1], gains[2], tier_hit) < gains[lead])
         elif until == "tie":
             done = _first_difference(self)
         elif until == "beaten":
