@@ -148,9 +148,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     o.add_argument(
         "--eviction-policy",
-        default="lru",
+        default="leader",
         choices=sorted(POLICIES),
-        help="tiers' policy (default: lru)",
+        help="tiers' policy (default: leader)",
     )
     o.add_argument(
         "--store-policy",

@@ -79,7 +79,7 @@ def build_configurations(
     block_size: int,
     disk_path: str,
     sizes: TierSizes | None = None,
-    eviction_policy: str = "lru",
+    eviction_policy: str = "leader",
     store_policy: str = "eager",
 ) -> tuple[Configuration, ...]:
     """The configurations named, sized for a workload whose distinct KV is ``kv_bytes``.
