@@ -82,3 +82,38 @@ def test_the_reserve_is_given_up_when_a_guard_hits_less_than_the_leader() -> Non
             assert policy._tier._uses == {}
             return
     pytest.fail("the guards never fell behind the leader")
+
+
+def test_the_reserve_keeps_the_most_reused_of_its_blocks() -> None:
+    """Room for one reserved block (3 % of 12, at least 1) and two candidates: prompt
+    ``a``, used four times, and the younger prompt ``b``, used twice. Both leave LRU
+    and stay in ARC; the reserve keeps ``a``, the more reused, not the younger ``b``."""
+    policy = make_policy("leader", CAPACITY)
+    assert isinstance(policy, LeaderPolicy) and policy._tier.reserve == 1
+    manager = TierManager(medium=Medium.CPU, num_blocks=CAPACITY, block_size=16, policy=policy)
+    for ids in ([0], [0], [0], [0], [1], [1]):
+        _serve(manager, ids)
+    for i in range(30):
+        _serve(manager, [100 + 2 * i, 101 + 2 * i])
+    shadows = {s.policy.name: s for s in policy._shadows}
+    assert {k(0), k(1)} <= shadows["arc"].resident and not {k(0), k(1)} & shadows["lru"].resident
+    assert (k(0) in policy._tier, k(1) in policy._tier) == (True, False)
+    assert _serve(manager, [0]) == 1
+
+
+def test_a_switch_gives_the_reserve_up() -> None:
+    """The prompt comes back twice after one-offs that push it out of LRU: ARC and SLRU
+    hit it, LRU does not, and after the second time ARC's lead is significant. The
+    tier switches to ARC, and keeps no reserve from then on."""
+    policy = make_policy("leader", CAPACITY)
+    assert isinstance(policy, LeaderPolicy)
+    manager = TierManager(medium=Medium.CPU, num_blocks=CAPACITY, block_size=16, policy=policy)
+    for _ in range(3):
+        _serve(manager, [0])
+    for gap in range(2):
+        for i in range(30):
+            _serve(manager, [100 + 60 * gap + 2 * i, 101 + 60 * gap + 2 * i])
+        assert policy.leader == "lru" and policy._tier.reserve > 0
+        assert _serve(manager, [0]) == 1  # from the reserve
+    assert policy.leader == "arc"
+    assert policy._tier.reserve == 0
