@@ -12,14 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
 from .models import CANDIDATE_NAMES, LeaderModel
-from .twins import block_key, manager_for, serve
+from .twins import block_key, manager_for, serve, serve_one
 
 
 @pytest.mark.parametrize(("start", "name"), list(enumerate(("lru", "arc", "slru"))))
@@ -165,17 +164,6 @@ def test_the_fast_path_changes_no_shadow(shape: str, capacity: int) -> None:
     assert took_fast > 0  # the comparison covered the fast path
 
 
-def _serve(m: TierManager, ids: list[int]) -> int:
-    keys = [block_key(i) for i in ids]
-    hit = m.lookup(keys)
-    m.touch(keys)
-    out = m.prepare_store(keys[hit:])
-    m.touch(keys)
-    if out is not None:
-        m.complete_store(out.block_hashes_to_store)
-    return hit
-
-
 def test_the_lead_changes_hands_on_a_workload_that_favours_another(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -210,11 +198,11 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
         else:
             ids = list(range(fresh, fresh + 4))
             fresh += 4
-        hit = _serve(tier, ids)
-        assert _serve(twin, ids) == hit
+        hit = serve_one(tier, ids)
+        assert serve_one(twin, ids) == hit
         assert policy.sizes == model.sizes, f"step {step}"
         hits["leader"] += hit
-        hits["lru"] += _serve(lru, ids)
+        hits["lru"] += serve_one(lru, ids)
         leaders.append(policy.leader)
     assert leaders[0] == "lru" and leaders[-1] != "lru"
     assert hits["leader"] > hits["lru"]
@@ -257,7 +245,7 @@ def test_a_clear_or_significant_lead_ends_a_window_early(
         else:
             ids = list(range(fresh, fresh + 4))
             fresh += 4
-        assert _serve(tier, ids) == _serve(twin, ids)
+        assert serve_one(tier, ids) == serve_one(twin, ids)
         assert policy.sizes == model.sizes, f"step {step}"
         assert policy.leader == CANDIDATE_NAMES[model.leader]
         leaders.append(policy.leader)

@@ -7,27 +7,13 @@ import random
 
 import pytest
 
-from kvtier.blocks import BlockHash, Medium
+from kvtier.blocks import Medium
 from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
 
+from .twins import block_key, serve_one
+
 CAPACITY = 12
-
-
-def k(i: int) -> BlockHash:
-    return BlockHash(f"r{i}".encode())
-
-
-def _serve(manager: TierManager, ids: list[int]) -> int:
-    """The replay's flow for one request; returns its prefix hit."""
-    request = [k(i) for i in ids]
-    hit = manager.lookup(request)
-    manager.touch(request)
-    out = manager.prepare_store(request[hit:])
-    manager.touch(request)
-    if out is not None:
-        manager.complete_store(out.block_hashes_to_store)
-    return hit
 
 
 def _prompt_then_one_offs(policy_name: str) -> tuple[list[int], LeaderPolicy | None]:
@@ -36,9 +22,9 @@ def _prompt_then_one_offs(policy_name: str) -> tuple[list[int], LeaderPolicy | N
     by then; ARC (in T2) and SLRU (protected) have not. Returns each request's hit."""
     policy = make_policy(policy_name, CAPACITY)
     manager = TierManager(medium=Medium.CPU, num_blocks=CAPACITY, block_size=16, policy=policy)
-    hits = [_serve(manager, [0]) for _ in range(3)]
-    hits += [_serve(manager, [100 + 2 * i, 101 + 2 * i]) for i in range(30)]
-    hits.append(_serve(manager, [0]))
+    hits = [serve_one(manager, [0]) for _ in range(3)]
+    hits += [serve_one(manager, [100 + 2 * i, 101 + 2 * i]) for i in range(30)]
+    hits.append(serve_one(manager, [0]))
     return hits, policy if isinstance(policy, LeaderPolicy) else None
 
 
@@ -73,7 +59,7 @@ def test_the_reserve_is_given_up_when_a_guard_hits_less_than_the_leader() -> Non
     for request in range(60):
         ids = list(dict.fromkeys(rng.randrange(20) for _ in range(rng.randint(1, 3))))
         before = [shadow.hits for shadow in shadows]
-        _serve(manager, ids)
+        serve_one(manager, ids)
         lru, arc, slru = (shadow.hits - hits for shadow, hits in zip(shadows, before, strict=True))
         behind = min(arc, slru) < lru
         assert policy.leader == "lru"
@@ -92,13 +78,16 @@ def test_the_reserve_keeps_the_most_reused_of_its_blocks() -> None:
     assert isinstance(policy, LeaderPolicy) and policy._tier.reserve == 1
     manager = TierManager(medium=Medium.CPU, num_blocks=CAPACITY, block_size=16, policy=policy)
     for ids in ([0], [0], [0], [0], [1], [1]):
-        _serve(manager, ids)
+        serve_one(manager, ids)
     for i in range(30):
-        _serve(manager, [100 + 2 * i, 101 + 2 * i])
+        serve_one(manager, [100 + 2 * i, 101 + 2 * i])
     shadows = {s.policy.name: s for s in policy._shadows}
-    assert {k(0), k(1)} <= shadows["arc"].resident and not {k(0), k(1)} & shadows["lru"].resident
-    assert (k(0) in policy._tier, k(1) in policy._tier) == (True, False)
-    assert _serve(manager, [0]) == 1
+    assert {block_key(0), block_key(1)} <= shadows["arc"].resident and not {
+        block_key(0),
+        block_key(1),
+    } & shadows["lru"].resident
+    assert (block_key(0) in policy._tier, block_key(1) in policy._tier) == (True, False)
+    assert serve_one(manager, [0]) == 1
 
 
 def test_a_switch_gives_the_reserve_up() -> None:
@@ -109,11 +98,11 @@ def test_a_switch_gives_the_reserve_up() -> None:
     assert isinstance(policy, LeaderPolicy)
     manager = TierManager(medium=Medium.CPU, num_blocks=CAPACITY, block_size=16, policy=policy)
     for _ in range(3):
-        _serve(manager, [0])
+        serve_one(manager, [0])
     for gap in range(2):
         for i in range(30):
-            _serve(manager, [100 + 60 * gap + 2 * i, 101 + 60 * gap + 2 * i])
+            serve_one(manager, [100 + 60 * gap + 2 * i, 101 + 60 * gap + 2 * i])
         assert policy.leader == "lru" and policy._tier.reserve > 0
-        assert _serve(manager, [0]) == 1  # from the reserve
+        assert serve_one(manager, [0]) == 1  # from the reserve
     assert policy.leader == "arc"
     assert policy._tier.reserve == 0

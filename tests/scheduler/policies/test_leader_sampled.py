@@ -19,14 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.blocks import BlockHash
-from kvtier.scheduler.manager import TierManager
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy, sampling
 from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
 
 from .models import CANDIDATE_NAMES, LeaderModel
-from .twins import block_key, manager_for, serve
+from .twins import block_key, manager_for, serve, serve_one
 
 
 def _small_samples(mp: pytest.MonkeyPatch) -> None:
@@ -172,17 +171,6 @@ def test_the_sampled_tier_follows_its_model_on_any_requests(
         _run(mp, capacity, start, window, reqs, early, significance)
 
 
-def _serve(m: TierManager, ids: list[int]) -> int:
-    keys = [block_key(i) for i in ids]
-    hit = m.lookup(keys)
-    m.touch(keys)
-    out = m.prepare_store(keys[hit:])
-    m.touch(keys)
-    if out is not None:
-        m.complete_store(out.block_hashes_to_store)
-    return hit
-
-
 def test_a_sampled_tier_takes_on_a_scan_resistant_leader_and_hits_more_than_lru(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -205,8 +193,8 @@ def test_a_sampled_tier_takes_on_a_scan_resistant_leader_and_hits_more_than_lru(
         else:
             ids = list(range(fresh, fresh + 6))
             fresh += 6
-        hits["leader"] += _serve(tier, ids)
-        hits["lru"] += _serve(lru, ids)
+        hits["leader"] += serve_one(tier, ids)
+        hits["lru"] += serve_one(lru, ids)
         follows.append(policy.follows)
     assert follows[0] == "lru" and follows[-1] != "lru"
     assert hits["leader"] > hits["lru"]

@@ -38,3 +38,16 @@ def serve(
         if out is not None:
             m.complete_store(out.block_hashes_to_store, success=ok)
     return keys, hit
+
+
+def serve_one(m: TierManager, ids: list[int]) -> int:
+    """One request to one manager, as the replay serves it: look up, touch, store the
+    misses, touch again. Returns its prefix hit."""
+    keys = [block_key(i) for i in ids]
+    hit = m.lookup(keys)
+    m.touch(keys)
+    out = m.prepare_store(keys[hit:])
+    m.touch(keys)
+    if out is not None:
+        m.complete_store(out.block_hashes_to_store)
+    return hit
