@@ -27,14 +27,14 @@ Variants, joined by ``+`` for several at once:
   most in it (the one followed, if it is among them) takes the blocks in their order
   of use; then the shipped rule.
 
-* ``reserve_<f>``, ``treserve_<f>``, ``breserve_<f>``, ``greserve_<f>``: an in-step
-  tier that, while it follows ``START``, keeps up to ``f`` of its blocks among those the
-  leader evicted that ARC or SLRU hold (evicting the leader's coldest blocks that
-  neither holds instead, up to ``RESERVE_SCAN`` per victim needed plus 64), given up at
-  the first switch and: never (``reserve``), at the first request on which the
-  shadows differ (``treserve``), on which some shadow hits more than the leader
-  (``breserve``), on which ARC, SLRU or the tier hits less than the leader
-  (``greserve``; shipped as ``leader.RESERVE`` in the fourteenth round).
+* ``reserve_<f>``, ``treserve_<f>``, ``breserve_<f>``, ``greserve_<f>``: the leader's
+  reserve (``leader.RESERVE``, shipped in the fourteenth round at 0.03 with the
+  ``greserve`` rule) at ``f`` of the tier, given up at the first switch and: never
+  (``reserve``), at the first request on which the shadows differ (``treserve``), on
+  which some shadow hits more than the leader (``breserve``), on which ARC, SLRU or
+  the tier hits less than the leader (``greserve``, as shipped); ``rscan_<n>``:
+  ``leader.RESERVE_SCAN`` (the ``treserve_0.01`` run in ``docs/simulate.md`` was
+  ``treserve_0.01+rscan_4``).
 
 (``nohedge``, the leader's hedge never followed, went with the hedge; ``8dfc987``'s
 copy has it.)
@@ -50,14 +50,12 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from itertools import filterfalse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -81,6 +79,7 @@ _SETTINGS = {
     "bucket": (density, "BUCKET_SHARE", int),
     "history": (density, "HISTORY", int),
     "start": (leader, "START", int),
+    "rscan": (leader, "RESERVE_SCAN", int),
 }
 
 
@@ -277,116 +276,33 @@ def _vote_while_tied() -> None:
     leader.LeaderPolicy.observe = vote_observe  # type: ignore[method-assign,assignment]
 
 
-RESERVE_SCAN = 64
-"""``reserve_<f>``: the leader's coldest blocks looked at per victim needed (plus 64)
-for one that ARC and SLRU do not hold."""
-
-
-class _ReserveTier(leader._InStep):
-    """``reserve_<f>``'s tier: an in-step tier that keeps up to ``reserve`` of the
-    blocks its leader evicted while ARC or SLRU hold them, evicting the leader's
-    coldest blocks instead."""
-
-    def __init__(
-        self, capacity: int, lead: leader._Shadow, guards: Sequence[set[BlockHash]], reserve: int
-    ) -> None:
-        super().__init__(capacity, lead)
-        self._guards = guards
-        self.reserve = reserve
-        self._uses: dict[BlockHash, int] = {}  # hits of each block in the tier
-
-    def touch(self, key: BlockHash, reused: bool) -> None:
-        super().touch(key, reused)
-        if reused:
-            self._uses[key] = self._uses.get(key, 0) + 1
-
-    def remove(self, key: BlockHash) -> None:
-        super().remove(key)
-        self._uses.pop(key, None)
-
-    def evict(self, victims: Sequence[BlockHash]) -> None:
-        super().evict(victims)
-        for key in victims:
-            self._uses.pop(key, None)
-
-    def choose_victims(
-        self,
-        n: int,
-        is_held: IsHeld,
-        protected: Collection[BlockHash],
-        incoming: Sequence[BlockHash],
-    ) -> list[BlockHash] | None:
-        if self.reserve <= 0:
-            return super().choose_victims(n, is_held, protected, incoming)
-        guards = self._guards
-        victims: list[BlockHash] = []
-        guarded: list[BlockHash] = []
-        search = self._extra.evictable(is_held, protected)
-        for key in search:
-            if any(key in guard for guard in guards):
-                guarded.append(key)
-            else:
-                victims.append(key)
-                if len(victims) == n:
-                    search.close()
-                    return victims
-        search.close()
-        uses = self._uses
-        guarded.sort(key=lambda key: uses.get(key, 0))  # the least used first (stable: oldest)
-        over = len(guarded) - self.reserve  # the guarded blocks past the reserve go first
-        if over > 0:
-            victims += guarded[: min(over, n - len(victims))]
-            guarded = guarded[over:]
-        if len(victims) < n:  # the leader's coldest blocks that ARC and SLRU do not hold
-            need = n - len(victims)
-            search = self._kept.evictable(is_held, protected)
-            looked = list(itertools.islice(search, RESERVE_SCAN * need + 64))
-            search.close()
-            victims += [key for key in looked if not any(key in guard for guard in guards)][:need]
-        if len(victims) < n:  # then the reserve, the least used first
-            victims += guarded[: n - len(victims)]
-        if len(victims) < n:  # then the leader's coldest blocks
-            chosen = set(victims)
-            search = self._kept.evictable(is_held, protected)
-            rest = filterfalse(chosen.__contains__, search)
-            victims += list(itertools.islice(rest, n - len(victims)))
-            search.close()
-        return victims if len(victims) == n else None
-
-
 def _reserve(share: float, until: str) -> None:
-    """``reserve_<f>`` and ``treserve_<f>`` (see the module's doc)."""
-    init, observe = leader.LeaderPolicy.__init__, leader.LeaderPolicy.observe
-
-    def reserve_init(self: leader.LeaderPolicy, capacity: int) -> None:
-        init(self, capacity)
-        if self._mask == 0:
-            guards = [self._shadows[1].resident, self._shadows[2].resident]  # ARC, SLRU
-            lead = self._shadows[self._leader]
-            self._tier = _ReserveTier(capacity, lead, guards, max(1, round(share * capacity)))
+    """``reserve_<f>`` and kin (see the module's doc): the shipped reserve
+    (``leader.RESERVE``) at ``share``, given up by the rule named (``until``) and, as
+    shipped, at the first switch."""
+    leader.RESERVE = share
+    if until == "guards":
+        return  # the shipped rule
+    observe = leader.LeaderPolicy._observe  # the shadows served, followed, decided
 
     def reserve_observe(self: leader.LeaderPolicy, keys: list[bytes]) -> None:
         tier = self._tier
-        if not isinstance(tier, _ReserveTier) or not tier.reserve:
+        if not keys or not tier.reserve:
             observe(self, keys)  # type: ignore[arg-type]
             return
-        before = [shadow.hits for shadow in self._shadows]
+        assert isinstance(tier, leader._InStep)
         lead = self._leader
-        tier_hit = len(list(itertools.takewhile(tier.__contains__, keys)))
         observe(self, keys)  # type: ignore[arg-type]
-        gains = [shadow.hits - b for shadow, b in zip(self._shadows, before, strict=True)]
-        if until == "guards":  # ARC or SLRU hit less than the leader, or the tier did
-            done = min(gains) >= 0 and (min(gains[1], gains[2], tier_hit) < gains[lead])
-        elif until == "tie":
+        gains = self._gains  # None: every shadow hit every key
+        if until == "tie":
             done = _first_difference(self)
         elif until == "beaten":
-            done = min(gains) >= 0 and max(gains) > gains[lead]  # (a window end resets hits)
+            done = gains is not None and max(gains) > gains[lead]
         else:
             done = False
-        if done or self._leader != leader.START:
-            tier.reserve = 0
+        if done:
+            tier.drop_reserve()
 
-    leader.LeaderPolicy.__init__ = reserve_init  # type: ignore[method-assign]
     leader.LeaderPolicy.observe = reserve_observe  # type: ignore[method-assign,assignment]
 
 
