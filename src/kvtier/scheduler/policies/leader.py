@@ -350,24 +350,25 @@ class _InStep(SegmentedPolicy):
         coldest = self._extra.coldest(n, is_held, protected)
         if coldest is not None and all(map(set.isdisjoint, guards, repeat(coldest))):
             return coldest  # the usual case: extra's coldest are unguarded (C-level)
+
+        def guarded(key: BlockHash) -> bool:
+            return any(key in guard for guard in guards)
+
         victims: list[BlockHash] = []
-        reserved: list[BlockHash] = []
+        reserved: list[BlockHash] = []  # coldest first
         search = self._extra.evictable(is_held, protected)
         for key in search:
-            for guard in guards:
-                if key in guard:
-                    reserved.append(key)
-                    break
-            else:
-                victims.append(key)
-                if len(victims) == n:
-                    search.close()
-                    return victims
+            if guarded(key):
+                reserved.append(key)
+                continue
+            victims.append(key)
+            if len(victims) == n:
+                search.close()
+                return victims
         search.close()
-        uses = self._uses
         over = len(reserved) - self.reserve
         if over > 0:
-            reserved.sort(key=lambda key: uses.get(key, 0))  # stable: the coldest first
+            reserved = self._least_reused(reserved)
             victims += reserved[: min(over, n - len(victims))]
             reserved = reserved[over:]
         if len(victims) < n:
@@ -375,10 +376,10 @@ class _InStep(SegmentedPolicy):
             search = self._kept.evictable(is_held, protected)
             coldest = list(islice(search, RESERVE_SCAN * need + 64))
             search.close()
-            victims += [key for key in coldest if not any(key in guard for guard in guards)][:need]
+            victims += list(islice(filterfalse(guarded, coldest), need))
         if len(victims) < n and reserved:
             if over <= 0:
-                reserved.sort(key=lambda key: uses.get(key, 0))
+                reserved = self._least_reused(reserved)
             victims += reserved[: n - len(victims)]
         if len(victims) < n:
             chosen = set(victims)
@@ -386,6 +387,11 @@ class _InStep(SegmentedPolicy):
             victims += list(islice(filterfalse(chosen.__contains__, search), n - len(victims)))
             search.close()
         return victims if len(victims) == n else None
+
+    def _least_reused(self, keys: list[BlockHash]) -> list[BlockHash]:
+        """``keys`` (coldest first) least reused first; the sort is stable, so the
+        coldest first among equals (sorted only when some are taken)."""
+        return sorted(keys, key=self._uses.__getitem__)  # a Counter: 0 if never reused
 
     def evict(self, victims: Sequence[BlockHash]) -> None:
         self.remove_all(victims)
