@@ -6,42 +6,28 @@ these tests pin what makes ``slru`` different from LRU.)
 
 from __future__ import annotations
 
-from kvtier.blocks import BlockHash
 from kvtier.scheduler import CPUOffloadingManager
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
-
-
-def _k(i: int) -> BlockHash:
-    return BlockHash(i.to_bytes(8, "little"))
-
-
-def _request(m: CPUOffloadingManager, ids: list[int]) -> int:
-    keys = [_k(i) for i in ids]
-    hit = m.lookup(keys)
-    m.touch(keys)
-    out = m.prepare_store(keys[hit:])
-    m.touch(keys)
-    if out is not None:
-        m.complete_store(out.block_hashes_to_store)
-    return hit
+from tests.scheduler.policies.twins import block_key as _k
+from tests.scheduler.policies.twins import serve_one
 
 
 def test_reused_blocks_survive_a_scan_of_one_time_blocks() -> None:
     m = CPUOffloadingManager(num_blocks=10, block_size=16, eviction_policy="slru")
-    _request(m, [1, 2])
-    assert _request(m, [1, 2]) == 2  # reused: now protected
+    serve_one(m, [1, 2])
+    assert serve_one(m, [1, 2]) == 2  # reused: now protected
     for first in range(100, 200, 4):  # a scan of one-time blocks, 2.5x the tier
-        _request(m, [first, first + 1, first + 2, first + 3])
-    assert _request(m, [1, 2]) == 2  # LRU would have lost them
+        serve_one(m, [first, first + 1, first + 2, first + 3])
+    assert serve_one(m, [1, 2]) == 2  # LRU would have lost them
 
 
 def test_lru_loses_them_on_the_same_scan() -> None:
     m = CPUOffloadingManager(num_blocks=10, block_size=16, eviction_policy="lru")
-    _request(m, [1, 2])
-    _request(m, [1, 2])
+    serve_one(m, [1, 2])
+    serve_one(m, [1, 2])
     for first in range(100, 200, 4):
-        _request(m, [first, first + 1, first + 2, first + 3])
-    assert _request(m, [1, 2]) == 0
+        serve_one(m, [first, first + 1, first + 2, first + 3])
+    assert serve_one(m, [1, 2]) == 0
 
 
 def test_a_ghost_returns_to_protected() -> None:

@@ -15,20 +15,8 @@ from kvtier.scheduler.policies.adaptive import SHARES
 from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 
-
-def _k(i: int) -> BlockHash:
-    return BlockHash(i.to_bytes(8, "little"))
-
-
-def _request(m: TierManager, ids: list[int]) -> int:
-    keys = [_k(i) for i in ids]
-    hit = m.lookup(keys)
-    m.touch(keys)
-    out = m.prepare_store(keys[hit:])
-    m.touch(keys)
-    if out is not None:
-        m.complete_store(out.block_hashes_to_store)
-    return hit
+from .twins import block_key as _k
+from .twins import serve_one
 
 
 def _workload() -> list[list[int]]:
@@ -63,7 +51,7 @@ def _hits(policy_name: str | None, capacity: int, leader: int = 0) -> int:
         )
     else:
         m = CPUOffloadingManager(num_blocks=capacity, block_size=16, eviction_policy=policy_name)
-    return sum(_request(m, ids) for ids in _workload())
+    return sum(serve_one(m, ids) for ids in _workload())
 
 
 def test_share_zero_is_exactly_lru() -> None:
