@@ -188,3 +188,34 @@ def test_the_values_between_the_halves_are_frozen_slotted_and_pickle() -> None:
         field = dataclasses.fields(value)[0].name  # type: ignore[arg-type]
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(value, field, None)
+
+
+def test_a_load_shorter_than_its_promotions_counts_each_loaded_block_once() -> None:
+    """A request's CPU blocks can be evicted while its promotions run: the load is then
+    shorter than what was promoted. Hits were counted as ``loaded - promoted`` for the
+    CPU tier, a negative count here, and the engine's metrics crashed on it (``kvtier
+    soak``: "Counters can only be incremented by non-negative amounts")."""
+    h = half(cpu_blocks=4, disk_blocks=8)
+    keys = pages(4)
+    store_all(h, keys[2:], rid="tail")  # p2, p3 into the CPU tier, then to disk
+    finish(h, h.take_jobs())
+    store_all(h, pages(4, "q"), rid="q")  # evicts p2 and p3 from the CPU tier
+    finish(h, h.take_jobs(write_through=False))
+    store_all(h, keys[:2], rid="head")  # p0, p1 in the CPU tier
+    assert [h.manager.holder(k).medium for k in keys] == ["CPU", "CPU", "DISK", "DISK"]  # type: ignore[union-attr]
+    h.take_stats()
+    assert h.num_external_hit_pages("r", keys, 0, 17) == 4
+    h.start_load("r", keys, 0, [BlockId(i) for i in range(4)])
+    promotions = h.take_jobs(write_through=False)
+    assert [j.src.block_hashes for j in promotions] == [(keys[2], keys[3])]  # type: ignore[attr-defined]
+    # Another request's store evicts p1, the coldest unpinned block, mid-promotion.
+    h.pages_full("x", pages(1, "x"), 1, [BlockId(9)])
+    (store,) = h.take_jobs(write_through=False)
+    assert h.manager.primary.state(keys[1]) is None
+    finish(h, [store, *promotions])
+    (load,) = h.take_jobs(write_through=False)
+    assert load.src == CPULoadStoreSpec((h.manager.primary.slot(keys[0]),))  # type: ignore[arg-type]
+    assert finish(h, [load]).loads == (LoadDone("r", 1),)
+    stats = h.take_stats()
+    assert stats.hit_blocks == {Medium.CPU: 1}
+    assert stats.loaded_blocks == 1

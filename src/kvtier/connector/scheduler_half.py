@@ -25,6 +25,7 @@ fails means recompute: the load completes with the leading pages that did load.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -70,7 +71,9 @@ class _Load:
     block_keys: list[BlockHash]
     gpu_block_ids: tuple[BlockId, ...]
     skip: int
-    from_secondary: dict[Medium, int] = field(default_factory=dict)
+    # The blocks promoted into the CPU tier for this load, by the tier they came from:
+    # a loaded block is a hit of that tier, any other a hit of the CPU tier.
+    promoted_from: dict[BlockHash, Medium] = field(default_factory=dict)
     promotions: set[int] = field(default_factory=set)
     failed: int = 0  # blocks whose promotion failed
 
@@ -303,9 +306,7 @@ class ConnectorScheduler:
         tier_jobs = self.manager.prepare_promotion(load.block_keys[:n])
         assert tier_jobs is not None, "can_promote promised room"
         for tier_job in tier_jobs:
-            medium = tier_job.src.medium
-            count = len(tier_job.block_hashes)
-            load.from_secondary[medium] = load.from_secondary.get(medium, 0) + count
+            load.promoted_from.update(dict.fromkeys(tier_job.block_hashes, tier_job.src.medium))
             job = _InFlight(JobKind.PROMOTE, tier_job.block_hashes, load=load, tier_job=tier_job)
             load.promotions.add(self._emit(job, tier_job.src, tier_job.dst))
 
@@ -336,10 +337,14 @@ class ConnectorScheduler:
             if ok:
                 s.loaded_blocks += n
                 s.bytes_loaded += result.bytes_moved
-                promoted = sum(load.from_secondary.values())
-                for medium, count in load.from_secondary.items():
+                # Only the loaded run counts, and each of its blocks once, by where it
+                # was found: the CPU blocks before a promoted run may have been evicted
+                # while the promotion ran, so the run can be shorter than what was
+                # promoted.
+                primary = self.manager.primary.medium
+                served = Counter(load.promoted_from.get(k, primary) for k in job.block_hashes)
+                for medium, count in served.items():
                     s.hit(medium, count)
-                s.hit(self.manager.primary.medium, n - promoted)
                 pages = min(n * self.f - load.skip, load.num_pages)
                 self._done_loads.append(LoadDone(load.request_id, pages))
             else:
@@ -361,7 +366,8 @@ class ConnectorScheduler:
             if not ok:
                 s.failed_loads += n
                 job.load.failed += n
-                job.load.from_secondary.clear()
+                for key in job.block_hashes:  # dropped from the CPU tier: never loaded
+                    job.load.promoted_from.pop(key, None)
             if not job.load.promotions:
                 self._submit_load(job.load)
         else:
