@@ -11,6 +11,7 @@ import torch
 from kvtier.blocks import Medium
 from kvtier.engine import LLM, build_model
 from kvtier.soak.disk import DiskArea
+from kvtier.soak.runner import tail_lines
 from tests.engine.workload import chats
 from tests.tiny import TINY
 
@@ -48,3 +49,18 @@ def test_an_engine_restarted_on_a_full_disk_starts_and_serves(tmp_path: Path) ->
         assert disk_hits > 0, "the blocks on the full disk were not served"
     finally:
         area.close()
+
+
+def test_a_crash_line_ends_with_whole_lines_of_the_traceback() -> None:
+    """The soak's crash line was the last 500 characters of the child's traceback, cut
+    mid-word ("lity/observer.py", ...); it is the last whole lines that fit."""
+    trace = (
+        "Traceback (most recent call last):\n"
+        + '  File "/x/kvtier/observability/observer.py", line 225, in record_stats\n' * 12
+        + "ValueError: Counters can only be incremented by non-negative amounts.\n"
+    )
+    line = tail_lines(trace)
+    assert line.endswith("ValueError: Counters can only be incremented by non-negative amounts.")
+    assert line.startswith('File "/x/kvtier/observability/observer.py"')
+    assert len(line) <= 500 + 3 * line.count(" | ")
+    assert tail_lines("x" * 900) == "x" * 900  # one long line is kept whole

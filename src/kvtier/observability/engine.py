@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvtier.errors import ConfigError
 from kvtier.observability.exporter import DEFAULT_HOST, check_port
+from kvtier.observability.guard import RecordingGuard
 
 if TYPE_CHECKING:
     from kvtier.engine.connector_api import Connector
@@ -75,6 +76,7 @@ class Observability:
         self.server: MetricsServer | None = None
         self.publisher: ZmqEventPublisher | None = None
         self.observer: EngineObserver | None = None
+        self.guard = RecordingGuard()  # the engine's own counters, without offloading
 
     def start(self, connector: Connector) -> None:
         """Serve metrics, open the publisher and watch ``connector``'s work.
@@ -107,16 +109,23 @@ class Observability:
         """A ``generate`` call's stats, with its failures; recorded and published."""
         if self.observer is not None:
             return self.observer.finish_generate(stats)
-        if self.metrics is not None:  # no offloading: the engine's own counters still count
+        metrics = self.metrics
+        if metrics is not None:  # no offloading: the engine's own counters still count
             from kvtier.observability.observer import record_stats
 
-            record_stats(self.metrics, stats, stats.block_size)
+            self.guard.run("metrics", lambda: record_stats(metrics, stats, stats.block_size), None)
         return stats
+
+    @property
+    def recording_failures(self) -> int:
+        """Metric and event records that raised and were dropped (logged once a kind)."""
+        return self.guard.failures + (self.observer.guard.failures if self.observer else 0)
 
     def close(self) -> None:
         """After the connector closed: last events, then stop publishing and serving."""
         if self.observer is not None:
             self.observer.close()
+            self.guard.failures += self.observer.guard.failures  # kept past close
             self.observer = None
         elif self.publisher is not None:
             self.publisher.close()

@@ -11,6 +11,9 @@ does not depend on how a connector is built:
   snapshots after each call and added to counters as differences;
 * the managers' ``OffloadingEvent``s (``take_events``), published as KV events.
 
+Recording never stops the engine: a metric or event that cannot be recorded is
+counted (``guard.failures``) and logged once (``RecordingGuard``).
+
 At start the blocks a tier already holds (a disk tier's recovered blocks) are
 published as stored, and at ``close`` an ``AllBlocksCleared`` says the engine holds
 nothing any more, so a subscriber's picture matches the engine's from first to last.
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from kvtier.blocks import Medium
 from kvtier.load_store_specs import BlockIdsSpec
 from kvtier.observability.failures import FailureLog, classify, job_tier
+from kvtier.observability.guard import RecordingGuard
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.protocol import OffloadingEvent
 from kvtier.scheduler.tiering import TieredManager
@@ -77,6 +81,7 @@ class EngineObserver:
         self.metrics = metrics
         self.publisher = publisher
         self.int_hashes = int_hashes
+        self.guard = RecordingGuard()
         self._seen: dict[str, int] = {}  # cumulative counters already added to metrics
         if metrics is not None:
             for tier in self.tiers:
@@ -96,7 +101,10 @@ class EngineObserver:
     # -- jobs --------------------------------------------------------------------------
 
     def on_transfer(self, spec: TransferSpec | None, result: TransferResult) -> None:
-        """One finished job (an ``OffloadingConnector`` observer)."""
+        """One finished job (an ``OffloadingConnector`` observer). Never raises."""
+        self.guard.run("metrics", lambda: self._on_transfer(spec, result), None)
+
+    def _on_transfer(self, spec: TransferSpec | None, result: TransferResult) -> None:
         try:
             src, dst = spec[0].medium, spec[1].medium  # type: ignore[index]
         except (TypeError, IndexError, AttributeError):
@@ -135,8 +143,9 @@ class EngineObserver:
                 merged[key] = merged.get(key, 0) + n
             offload = dataclasses.replace(stats.offload, failures=merged)
             stats = dataclasses.replace(stats, offload=offload)
-        if self.metrics is not None:
-            record_stats(self.metrics, stats, self.block_size)
+        metrics = self.metrics
+        if metrics is not None:
+            self.guard.run("metrics", lambda: record_stats(metrics, stats, self.block_size), None)
         self.step()
         return stats
 
@@ -145,19 +154,24 @@ class EngineObserver:
 
         ``finish_generate`` calls it; an engine without ``EngineStats`` (an adapter
         inside another engine) calls it once per step instead, and its failures go
-        to the metrics here.
+        to the metrics here. Never raises: what cannot be recorded is counted by
+        ``guard`` and logged once.
         """
+        self.guard.run("metrics", self._record_step, None)
+        events = self.manager.take_events()
+        self.guard.run("events", lambda: self._publish(events), None)
+
+    def _record_step(self) -> None:
         self._watch_shared()
         if self.metrics is not None:
             for key, n in self.failures.take().items():
                 self.metrics.failed.labels(key.tier, key.op, key.reason).inc(n)
             self._record_managers()
-        self._publish(self.manager.take_events())
 
     def close(self) -> None:
         """After the connector closed: the last counts and events, then ``AllBlocksCleared``."""
         self.step()
-        self._publish([], cleared=True)
+        self.guard.run("events", lambda: self._publish([], cleared=True), None)
         if self.publisher is not None:
             self.publisher.close()
 

@@ -61,6 +61,16 @@ class SoakOptions:
     request_timeout_s: float = 120.0
 
 
+def tail_lines(text: str, limit: int = 500) -> str:
+    """The last whole lines of ``text`` that fit in ``limit`` characters (the last line
+    whole even when longer): a traceback's end, never cut mid-word."""
+    lines = text.rstrip().splitlines() or [""]
+    kept = [lines.pop()]
+    while lines and sum(map(len, kept)) + len(lines[-1]) + len(kept) <= limit:
+        kept.insert(0, lines.pop())
+    return " | ".join(line.strip() for line in kept)
+
+
 def engine_config(name: str, disk: DiskArea, redis_url: str, seed: int) -> dict[str, Any]:
     """An engine's configuration: CPU (16 blocks), disk (16 MiB) and the shared Redis."""
     return {
@@ -183,7 +193,7 @@ class Soak:
             except EngineGone as e:
                 self.counts["engine_crashes"] += 1
                 self.messages.append(str(e)[-2000:])
-                self._say(f"soak: ENGINE CRASH ({engine.name}): {str(e)[-500:]}")
+                self._say(f"soak: ENGINE CRASH ({engine.name}): {tail_lines(str(e))}")
                 engine.sigkill()
                 self._restart(engine)
                 continue
