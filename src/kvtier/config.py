@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -57,6 +57,7 @@ from kvtier.sizes import format_bytes, parse_bytes
 __all__ = [
     "STORE_POLICIES",
     "OffloadingConfig",
+    "check_known",
     "non_negative_int",
     "parse_bytes",
     "positive_int",
@@ -85,6 +86,25 @@ def non_negative_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(key, f"must be an integer >= 0, got {value!r}")
     return value
+
+
+def check_known(raw: Mapping[str, Any], known: Sequence[str], what: str = "") -> None:
+    """Refuse a key not in ``known``, naming the closest known key.
+
+    Args:
+        raw: the user's keys.
+        known: every key allowed here.
+        what: where the keys are (``"of KvtierDiskTier"``), for the message.
+
+    Raises:
+        ConfigError: naming the first unknown key.
+    """
+    for key in raw:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+            where = f" {what}" if what else ""
+            raise ConfigError(str(key), f"unknown key{where}; {hint}")
 
 
 def _bool(key: str, value: object) -> bool:
@@ -200,12 +220,7 @@ class OffloadingConfig:
         """
         if not isinstance(raw, Mapping):
             raise ConfigError("<root>", f"expected a mapping of keys, got {type(raw).__name__}")
-        known = [f.name for f in fields(cls)]
-        for key in raw:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-                raise ConfigError(str(key), f"unknown key; {hint}")
+        check_known(raw, [f.name for f in fields(cls)])
         if "cpu_bytes_to_use" not in raw:
             raise ConfigError(
                 "cpu_bytes_to_use", "is required: how much host memory the CPU tier may use"
@@ -227,6 +242,19 @@ class OffloadingConfig:
             **_disk_keys(raw, get),
             **_remote_keys(raw, get),
         )
+
+    @classmethod
+    def for_tier(cls, tier: str, prefix: str, raw: Mapping[str, Any]) -> OffloadingConfig:
+        """Validate the keys of one secondary tier on its own (``disk_*`` or ``remote_*``,
+        under another engine's CPU tier): only keys with ``prefix`` are allowed.
+
+        Raises:
+            ConfigError: a key is unknown for ``tier`` or invalid (named).
+        """
+        check_known(
+            raw, sorted(f.name for f in fields(cls) if f.name.startswith(prefix)), f"of {tier}"
+        )
+        return cls.from_dict({"cpu_bytes_to_use": 1, **raw})
 
     def num_cpu_blocks(self, bytes_per_block: int) -> int:
         """How many offloaded blocks of ``bytes_per_block`` fit in ``cpu_bytes_to_use``.

@@ -4,7 +4,8 @@ The scheduler half calls ``get_manager()`` (pure Python); each worker half calls
 ``get_worker(kv_caches)`` (imports torch). Either may come first, and each may run in
 a process of its own with its own spec. Sizes are derived here, once, in the
 constructor: how many offloaded blocks the CPU budget holds, how many block files the
-disk budget holds, and how many bytes each really takes.
+disk budget holds, and how many bytes each really takes. The tiers themselves are
+built by ``kvtier.tiers``, as for every engine.
 
 With a disk tier, the scheduler's disk index is rebuilt from what the directory
 already holds (blocks of this model and block size only), coldest first, once. The
@@ -18,15 +19,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvtier import tiers
 from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.keys import ModelFingerprint, root_key
-from kvtier.machine import check_disk, check_memory
-from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.tiering import SharedStore, TieredManager
 
 if TYPE_CHECKING:
@@ -82,29 +81,15 @@ class OffloadingSpec:
                 f"must equal the engine's block size {gpu_bs} (got {cfg.block_size})",
             )
         self.bytes_per_block = geometry.page_bytes * self.block_size_factor
-        self.num_cpu_blocks = cfg.num_cpu_blocks(self.bytes_per_block)
+        # Before anything is allocated or imported: sizes this machine cannot give end
+        # here.
+        self.num_cpu_blocks = tiers.cpu_blocks(cfg, self.bytes_per_block)
         self.host_bytes = self.num_cpu_blocks * self.bytes_per_block
         stored_fp = dataclasses.replace(geometry.fingerprint, block_size=cfg.block_size)
         self.storage_fingerprint = bytes(root_key(stored_fp, cfg.hash_algorithm))
-        # Before anything is allocated or imported: sizes this machine cannot give end
-        # here (what disk_path already holds counts as available; DiskStore.open then
-        # checks exactly, for this model's blocks).
-        check_memory("cpu_bytes_to_use", self.host_bytes)
-        if cfg.disk_path is not None:
-            assert cfg.disk_bytes_to_use is not None
-            path = Path(cfg.disk_path)
-            check_disk("disk_bytes_to_use", path, cfg.disk_bytes_to_use, tier_dir=path)
         self.num_disk_blocks = 0
         if cfg.disk_path is not None:
-            from kvtier.media.disk_layout import block_file_size
-
-            assert cfg.disk_bytes_to_use is not None
-            self.num_disk_blocks = cfg.disk_bytes_to_use // block_file_size(self.bytes_per_block)
-            if self.num_disk_blocks < 1:
-                raise ConfigError(
-                    "disk_bytes_to_use",
-                    f"holds no block file of {block_file_size(self.bytes_per_block)} bytes",
-                )
+            self.num_disk_blocks = tiers.disk_blocks(cfg, self.bytes_per_block)
         self._disk: DiskStore | None = None
         self._disk_index: tuple[BlockHash, ...] | None = None
         self._remote: RemoteStore | None = None
@@ -121,54 +106,34 @@ class OffloadingSpec:
     def get_manager(self) -> TieredManager:
         """The scheduler side: the CPU tier, with the disk and remote tiers behind it
         if configured (none behind it is a tiering too)."""
-        cfg = self.config
-        threshold = (
-            max(cfg.store_threshold, 2) if cfg.store_policy == "reuse" else (cfg.store_threshold)
-        )
-        cpu = CPUOffloadingManager(
-            num_blocks=self.num_cpu_blocks,
-            block_size=cfg.block_size,
-            eviction_policy=cfg.eviction_policy,
-            enable_events=cfg.enable_events,
-            store_threshold=threshold,
+        cfg, events = self.config, self.config.enable_events
+        cpu = tiers.cpu_tier(
+            cfg, self.num_cpu_blocks, block_size=cfg.block_size, enable_events=events
         )
         secondaries = []
         if self.has_disk:
-            # Open the store first: it checks disk_bytes_to_use against the file system
-            # before the index below is sized from it.
-            index = self.disk_index()
-            disk = TierManager(
-                medium=Medium.DISK,
-                num_blocks=self.num_disk_blocks,
-                block_size=cfg.block_size,
-                policy=make_policy(cfg.disk_eviction_policy, self.num_disk_blocks),
-                enable_events=cfg.enable_events,
-            )
-            disk.restore(index)
-            secondaries.append(disk)
-        shared: dict[Medium, SharedStore] = {}
-        if self.has_remote:
-            # The index only remembers what this engine knows is there; the server's
-            # maxmemory policy owns the real capacity (docs/remote.md).
             secondaries.append(
-                TierManager(
-                    medium=Medium.REMOTE,
-                    num_blocks=cfg.remote_index_blocks,
+                tiers.disk_tier(
+                    cfg,
+                    self.num_disk_blocks,
+                    self.disk_index(),
                     block_size=cfg.block_size,
-                    policy=make_policy("lru", cfg.remote_index_blocks),
-                    enable_events=cfg.enable_events,
+                    enable_events=events,
                 )
             )
+        shared: dict[Medium, SharedStore] = {}
+        if self.has_remote:
+            secondaries.append(
+                tiers.remote_tier(cfg, block_size=cfg.block_size, enable_events=events)
+            )
             shared[Medium.REMOTE] = self.remote_store()
-        return TieredManager(
-            cpu, secondaries, max_pending_writes=cfg.max_pending_writes, shared=shared
-        )
+        return tiers.tiering(cfg, cpu, secondaries, shared)
 
     def disk_index(self) -> tuple[BlockHash, ...]:
         """The keys the disk directory held at open, coldest first (read once)."""
         if self._disk_index is None:
-            recovered = [BlockHash(b.key) for b in self.disk_store().recovered]
-            self._disk_index = tuple(recovered[-self.num_disk_blocks :])
+            keys = tiers.recovered_keys([self.disk_store()], self.num_disk_blocks)
+            self._disk_index = tuple(keys)
         return self._disk_index
 
     def release_disk_store(self) -> None:
@@ -180,40 +145,13 @@ class OffloadingSpec:
     def remote_store(self) -> RemoteStore:
         """The remote tier's client, opened once (it contacts nothing until used)."""
         if self._remote is None:
-            from kvtier.media.circuit_breaker import Backoff
-            from kvtier.media.redis_client import RemoteOptions
-            from kvtier.media.remote import RemoteStore
-
-            cfg = self.config
-            assert cfg.remote_url is not None
-            options = RemoteOptions(
-                url=cfg.remote_url,
-                cluster=cfg.remote_cluster,
-                timeout_s=cfg.remote_timeout_s,
-                password_env=cfg.remote_password_env,
-                ttl_s=cfg.remote_ttl_s,
-                max_connections=2 * cfg.remote_io_threads + 1,
-                tls_ca_file=cfg.remote_tls_ca_file,
-                backoff=Backoff(base_s=cfg.remote_backoff_s),
-            )
-            self._remote = RemoteStore.open(self.storage_fingerprint, options)
+            self._remote = tiers.open_remote(self.config, self.storage_fingerprint)
         return self._remote
 
     def disk_store(self) -> DiskStore:
         """The disk tier's store, opened once (it locks its directory)."""
         if self._disk is None:
-            from kvtier.media.disk import DiskStore
-
-            cfg = self.config
-            assert cfg.disk_path is not None and cfg.disk_bytes_to_use is not None
-            Path(cfg.disk_path).mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._disk = DiskStore.open(
-                cfg.disk_path,
-                self.storage_fingerprint,
-                cfg.disk_bytes_to_use,
-                fsync=cfg.disk_fsync,
-                direct_io=cfg.disk_direct_io,
-            )
+            self._disk = tiers.open_disk(self.config, self.storage_fingerprint)
         return self._disk
 
     def get_worker(self, kv_caches: Sequence[torch.Tensor]) -> OffloadingWorker:

@@ -35,9 +35,7 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,45 +44,38 @@ from vllm.v1.kv_offload.base import LookupResult, RequestOffloadingContext
 from vllm.v1.kv_offload.base import Medium as VllmMedium
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager
 
+from kvtier import tiers
 from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError, KvtierError
 from kvtier.integrations.vllm.checkpoint import checkpoint_digest
-from kvtier.keys import ModelFingerprint, root_key
+from kvtier.integrations.vllm.identity import storage_fingerprint
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec, RemoteLoadStoreSpec
-from kvtier.scheduler import TierManager, make_policy
+from kvtier.scheduler import TierManager
+from kvtier.scheduler.discovery import Discovery
 from kvtier.scheduler.manager import BlockState
 
 logger = logging.getLogger(__name__)
 
 
-def _tier_settings(tier: str, prefix: str, raw: dict[str, Any]) -> OffloadingConfig:
-    """Validate a tier's keys with kvtier's own rules (``ConfigError`` names the key)."""
-    known = sorted(f.name for f in fields(OffloadingConfig) if f.name.startswith(prefix))
-    for key in raw:
-        if key not in known:
-            raise ConfigError(key, f"unknown key of {tier}; known keys: {', '.join(known)}")
-    return OffloadingConfig.from_dict({"cpu_bytes_to_use": 1, **raw})
-
-
 def _fingerprint(spec: Any, row_bytes: int) -> bytes:
+    """The storage fingerprint of whole chunk rows (every rank's bytes) of this engine."""
     config = spec.config
-    par = config.parallel
-    block = int(config.groups[0].tokens_per_block) * int(config.cache.blocks_per_chunk)
-    identity = config.extra_config.get("model_identity", "")
-    fp = ModelFingerprint(
-        model_id=str(config.model.name),
-        dtype=str(config.model.dtype),
-        kv_layout=f"vllm-chunk-rows/{row_bytes}B",
-        block_size=block,
-        parallel=(
-            f"tp{par.tp_size}/pp{par.pp_size}/pcp{par.pcp_size}/dcp{par.dcp_size}"
-            f"/world{par.world_size}/all-ranks"
-        ),
+    return storage_fingerprint(
+        config,
+        layout=f"vllm-chunk-rows/{row_bytes}B",
+        ranks="all-ranks",
+        block_size=_block_size(spec),
         weights=checkpoint_digest(str(config.model.name)),
-        extra=(("engine", "vllm-tiering"), ("model_identity", str(identity))),
+        identity=str(config.extra_config.get("model_identity", "")),
+        engine="vllm-tiering",
     )
-    return bytes(root_key(fp))
+
+
+def _block_size(spec: Any) -> int:
+    """Tokens per offloaded block (a chunk of vLLM blocks)."""
+    config = spec.config
+    return int(config.groups[0].tokens_per_block) * int(config.cache.blocks_per_chunk)
 
 
 @dataclass(slots=True)
@@ -239,32 +230,17 @@ class KvtierDiskTier(_KvtierTier):
         super().__init__(
             offloading_spec, primary_kv_view, tier_type, backpressure_detector, locality
         )
-        from kvtier.media.disk import DiskStore
-        from kvtier.media.disk_layout import block_file_size
         from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
 
-        cfg = _tier_settings(tier_type, "disk_", tier_config)
-        if cfg.disk_path is None or cfg.disk_bytes_to_use is None:
+        cfg = OffloadingConfig.for_tier(tier_type, "disk_", tier_config)
+        if cfg.disk_path is None:
             raise ConfigError("disk_path", f"is required for {tier_type}")
-        num_blocks = cfg.disk_bytes_to_use // block_file_size(self.block_size_bytes)
-        if num_blocks < 1:
-            raise ConfigError("disk_bytes_to_use", "holds no block of this engine")
-        Path(cfg.disk_path).mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.store = DiskStore.open(
-            cfg.disk_path,
-            self._fingerprint,
-            cfg.disk_bytes_to_use,
-            fsync=cfg.disk_fsync,
-            direct_io=cfg.disk_direct_io,
+        num_blocks = tiers.disk_blocks(cfg, self.block_size_bytes)
+        self.store = tiers.open_disk(cfg, self._fingerprint)
+        recovered = tiers.recovered_keys([self.store], num_blocks)
+        self.index = tiers.disk_tier(
+            cfg, num_blocks, recovered, block_size=_block_size(offloading_spec), enable_events=False
         )
-        self.index = TierManager(
-            medium=Medium.DISK,
-            num_blocks=num_blocks,
-            block_size=1,
-            policy=make_policy(cfg.disk_eviction_policy, num_blocks),
-        )
-        recovered = [b.key for b in self.store.recovered][-num_blocks:]
-        self.index.restore([BlockHash(k) for k in recovered])
         self._group = CpuDiskOffloadingHandlers(
             self._pages, self.store, io_threads=cfg.disk_io_threads
         )
@@ -296,66 +272,51 @@ class KvtierRedisTier(_KvtierTier):
         super().__init__(
             offloading_spec, primary_kv_view, tier_type, backpressure_detector, locality
         )
-        from kvtier.media.circuit_breaker import Backoff
-        from kvtier.media.redis_client import RemoteOptions
-        from kvtier.media.remote import RemoteStore
         from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 
-        cfg = _tier_settings(tier_type, "remote_", tier_config)
+        cfg = OffloadingConfig.for_tier(tier_type, "remote_", tier_config)
         if cfg.remote_url is None:
             raise ConfigError("remote_url", f"is required for {tier_type}")
-        self.store = RemoteStore.open(
-            self._fingerprint,
-            RemoteOptions(
-                url=cfg.remote_url,
-                cluster=cfg.remote_cluster,
-                timeout_s=cfg.remote_timeout_s,
-                password_env=cfg.remote_password_env,
-                ttl_s=cfg.remote_ttl_s,
-                max_connections=2 * cfg.remote_io_threads + 2,
-                tls_ca_file=cfg.remote_tls_ca_file,
-                backoff=Backoff(base_s=cfg.remote_backoff_s),
-            ),
-        )
-        n = cfg.remote_index_blocks
-        self.index = TierManager(
-            medium=Medium.REMOTE, num_blocks=n, block_size=1, policy=make_policy("lru", n)
+        self.store = tiers.open_remote(cfg, self._fingerprint)
+        self.index = tiers.remote_tier(
+            cfg, block_size=_block_size(offloading_spec), enable_events=False
         )
         self._group = CpuRemoteOffloadingHandlers(
             self._pages, self.store, io_threads=cfg.remote_io_threads
         )
         self._store_handler = self._group.cpu_to_remote_handler
         self._load_handler = self._group.remote_to_cpu_handler
-        self._checker = ThreadPoolExecutor(1, "kvtier-redis-tier-check")
-        self._checks: dict[BlockHash, Future[bool]] = {}
+        self._discovery = Discovery(self.store)
+        self._asked: set[BlockHash] = set()  # keys a check was started for
 
     def _lookup_absent(self, key: BlockHash) -> Any:
         """Ask Redis off this thread whether another engine stored ``key``: RETRY until
-        the answer is in, then HIT (adopted into the index) or MISS."""
-        future = self._checks.get(key)
-        if future is None:
-            self._checks[key] = self._checker.submit(self._exists, bytes(key))
-            return LookupResult.RETRY
-        if not future.done():
-            return LookupResult.RETRY
-        del self._checks[key]
-        if future.result() and self.index.adopt([key]):
+        the answer is in, then HIT (adopted into the index) or MISS. A stalled check
+        (a hung server) is a MISS: vLLM is never held up by the network."""
+        for found in self._discovery.answers():
+            if found.outages == self.store.outages:
+                self.index.adopt(found.keys)
+        if self.index.state(key) is BlockState.READY:
+            self._asked.discard(key)
+            self.index.touch([key])
             return LookupResult.HIT
-        return LookupResult.MISS
-
-    def _exists(self, key: bytes) -> bool:
-        try:
-            return bool(self.store.exists_many([key])[0])
-        except KvtierError:
-            return False
+        if self._discovery.asking(key):
+            return LookupResult.RETRY
+        if key in self._asked:  # answered (not there, or no answer in time)
+            self._asked.discard(key)
+            return LookupResult.MISS
+        self._discovery.ask([key])
+        if not self._discovery.asking(key):  # not taken: too many checks in flight
+            return LookupResult.MISS
+        self._asked.add(key)
+        return LookupResult.RETRY
 
     def has_pending_work(self) -> bool:
         """Jobs in flight, or an existence check still running (a finished one waits
         for the next lookup of its key and keeps nothing stepping)."""
-        running = any(not f.done() for f in self._checks.values())
-        return super().has_pending_work() or running
+        return super().has_pending_work() or self._discovery.in_flight > 0
 
     def shutdown(self) -> None:
-        self._checker.shutdown(wait=True, cancel_futures=True)
+        self._discovery.shutdown()
         super().shutdown()
         self.store.close()

@@ -14,12 +14,11 @@ from the raw value, so the two always agree.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kvtier.config import OffloadingConfig
+from kvtier.config import OffloadingConfig, check_known
 from kvtier.errors import ConfigError
 
 VLLM_KEYS = frozenset(
@@ -86,10 +85,7 @@ class VllmSettings:
                 raise ConfigError(
                     str(key), f"is not used under vLLM: {NOT_IN_VLLM[key]}; remove it"
                 )
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-                raise ConfigError(str(key), f"unknown key; {hint}")
+        check_known(extra, known)
         if extra.get("canonical_layout"):
             raise ConfigError(
                 "canonical_layout",
