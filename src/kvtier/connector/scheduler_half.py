@@ -30,12 +30,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvtier.blocks import BlockHash, BlockId, Medium
+from kvtier.config import STORE_POLICIES
 from kvtier.connector.stats import Counters, OffloadStats
 from kvtier.jobs import JobKind, TransferJob, TransferResult
 from kvtier.load_store_specs import GPULoadStoreSpec, LoadStoreSpec
 from kvtier.scheduler.tiering import TieredManager, TierJob
-
-STORE_POLICIES = ("eager", "on_evict", "reuse")
 
 DISCOVERY_WAIT_S = 0.2
 """Default longest wait of an admission for a shared tier's answer (a LAN round trip

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from kvtier.config import OffloadingConfig
+from kvtier.config import OffloadingConfig, positive_int
 from kvtier.engine.block_manager import BlockManager
 from kvtier.engine.connector_api import Connector, NoOpConnector
 from kvtier.engine.kv_pool import KVPool, KVShape
@@ -97,8 +97,7 @@ class LLM:
             ("max_batch_size", max_batch_size),
             ("prefill_chunk", prefill_chunk),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(key, f"must be a positive integer, got {value!r}")
+            positive_int(key, value)
         if offload is not None and connector is not None:
             raise ConfigError("offload", "give either offload or connector, not both")
         if connector is not None and not isinstance(connector, Connector):

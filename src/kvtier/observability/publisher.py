@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from kvtier.config import non_negative_int, positive_int
 from kvtier.errors import ConfigError
 from kvtier.observability.events import EventBatch
 
@@ -96,14 +97,8 @@ class KVEventsConfig:
                     f"must be a ZeroMQ address ({', '.join(_SCHEMES)}...), got {value!r}",
                 )
         for key in ("buffer_steps", "hwm", "max_queue_size"):
-            value = raw.get(key, known[key].default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"kv_events.{key}", f"must be a positive integer, got {value!r}")
-        rank = raw.get("data_parallel_rank", 0)
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise ConfigError(
-                "kv_events.data_parallel_rank", f"must be an integer >= 0, got {rank!r}"
-            )
+            positive_int(f"kv_events.{key}", raw.get(key, known[key].default))
+        non_negative_int("kv_events.data_parallel_rank", raw.get("data_parallel_rank", 0))
         if not isinstance(raw.get("int_hashes", False), bool):
             raise ConfigError("kv_events.int_hashes", "must be true or false")
         return cls(**raw)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvtier.config import positive_int
 from kvtier.errors import ConfigError
 
 STORE_OK = 0
@@ -52,9 +53,7 @@ class RegionLayout:
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "shard_bytes", "world_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+            positive_int(name, getattr(self, name))
 
     @property
     def slab_bytes(self) -> int:
