@@ -64,7 +64,7 @@ def _tensor_record(name: str, tensor: torch.Tensor) -> bytes:
     whole = raw[: nbytes - nbytes % 8]
     if whole.storage_offset() % 8:
         whole = whole.clone()  # an int64 view needs 8-byte aligned storage
-    # int64 sums run at memory speed; an int32 -> int64 widening sum was 37x slower.
+    # int64 sums run at memory speed; an int32 -> int64 widening sum runs 37x slower.
     total = int(whole.view(torch.int64).sum().item()) & (2**64 - 1)
     offsets = sample_offsets(nbytes)
     if offsets == [0]:

@@ -23,7 +23,14 @@ gone, Redis down) drops the block from the CPU tier and from the tier that could
 deliver it, so the next lookup answers ``MISS`` and vLLM recomputes. vLLM's loads
 therefore only ever read READY CPU blocks, and no failure reaches its asserts.
 
-Recency: vLLM never calls ``touch``; a ``HIT`` lookup and ``prepare_load`` count as uses.
+Whole requests: vLLM asks about one key at a time, but kvtier's policies learn from
+requests (``leader``, ``density``, ``adaptive``). The first lookup of a request shows
+the policies the whole request -- every key vLLM has for it, in prefix order, with the
+blocks its GPU cache served before the looked-up key -- as one ``lookup`` and one
+``touch``, exactly as ``kvtier simulate`` and the reference engine do; each store then
+touches the request again (key 0 ends up the most recent). Later lookups of the same
+request are answered from the tiers without asking the policies again. The request's
+keys come from vLLM's request context (``RequestKeys``).
 
 Threads: the manager's state is only touched by the thread that calls it. The mover's
 I/O threads never touch it (they report through the mover's queues, polled here). The
@@ -36,12 +43,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from kvtier.blocks import BlockHash, Medium
-from kvtier.errors import KvtierError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.metrics import (
     LOOKUPS,
@@ -56,8 +61,8 @@ from kvtier.integrations.vllm.metrics import (
 )
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
+from kvtier.integrations.vllm.requests import RequestKeys
 from kvtier.load_store_specs import BlockIdsSpec
-from kvtier.media.remote import RemoteStore
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.tiering import TieredManager, TierJob
 
@@ -82,7 +87,6 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         tiered: the CPU tier composed with disk / Redis, or ``None``.
         region: the shared CPU memory (its status bytes report failed stores).
         mover: runs promotions and write-throughs, or ``None`` without slow tiers.
-        remotes: each rank's Redis store, for discovering blocks other engines wrote.
         on_shutdown: closes the stores and the region.
     """
 
@@ -92,22 +96,18 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         tiered: TieredManager | None,
         region: HostRegion,
         mover: RankMover | None = None,
-        remotes: Sequence[RemoteStore] = (),
         on_shutdown: Any = None,
     ) -> None:
         self.cpu = cpu
         self.tiered = tiered
         self.region = region
         self.mover = mover
-        self._remotes = list(remotes)
         self._on_shutdown = on_shutdown
         self._lock = threading.Lock()
         self._kinds: dict[int, str] = {}  # mover job id -> "promote" | "write"
-        self._checks: dict[BlockHash, Future[bool]] = {}
-        self._absent: dict[str, set[BlockHash]] = {}  # req_id -> keys Redis lacks
-        # Keys whose promotion failed: never rediscovered in Redis (no retry loop).
+        self._keys = RequestKeys()
+        # Keys whose promotion failed: never promoted again (no retry loop).
         self._refused: OrderedDict[BlockHash, None] = OrderedDict()
-        self._checker = ThreadPoolExecutor(1, "kvtier-vllm-discover") if self._remotes else None
         self.metrics = KvtierCounters()
 
     @property
@@ -120,24 +120,22 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         """One key: HIT, HIT_PENDING, RETRY or MISS (see the module doc)."""
         self._poll()
         k = BlockHash(bytes(key))
+        self._admit(k, req_context)
         state = self.cpu.state(k)
         if state is BlockState.READY:
-            self.cpu.lookup([k])
-            self.cpu.touch([k])
             self.metrics.add(TIER_HITS, 1, ("cpu",))
             return self._count("hit", compat.LookupResult.HIT)
         if state is BlockState.STORING:
             return self._count("pending", compat.LookupResult.HIT_PENDING)
-        self.cpu.lookup([k])  # a miss: counted, and a use for reuse-gated admission
         tiered = self.tiered
-        if tiered is None or self.mover is None:
+        if tiered is None or self.mover is None or k in self._refused:
             return self._count("miss", compat.LookupResult.MISS)
-        if tiered.holder(k) is None and not self._discover(k, req_context.req_id):
-            pending = k in self._checks
-            return self._count(
-                "retry" if pending else "miss",
-                compat.LookupResult.RETRY if pending else compat.LookupResult.MISS,
-            )
+        if tiered.holder(k) is None:
+            tiered.lookup_known([k])  # adopts what finished existence checks found
+        if tiered.holder(k) is None:
+            if tiered.discovering([k]):  # Redis is being asked about the run from k
+                return self._count("retry", compat.LookupResult.RETRY)
+            return self._count("miss", compat.LookupResult.MISS)
         jobs = tiered.prepare_promotion([k])
         if not jobs:  # None: no CPU room now; []: cannot happen (not READY in CPU)
             return self._count("miss", compat.LookupResult.MISS)
@@ -146,30 +144,19 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             self.metrics.add(TIER_HITS, len(job.block_hashes), (TIER_NAMES[job.src.medium],))
         return self._count("pending", compat.LookupResult.HIT_PENDING)
 
-    def _discover(self, key: BlockHash, req_id: str) -> bool:
-        """Whether Redis is now known to hold ``key`` (starts a check if none ran)."""
-        if self._checker is None or key in self._refused or key in self._absent.get(req_id, ()):
-            return False
-        future = self._checks.get(key)
-        if future is None:
-            self._checks[key] = self._checker.submit(self._exists_everywhere, bytes(key))
-            return False
-        if not future.done():
-            return False
-        del self._checks[key]
-        if future.result():
-            assert self.tiered is not None
-            remote = next(t for t in self.tiered.secondaries if t.medium is Medium.REMOTE)
-            return bool(remote.adopt([key]))
-        self._absent.setdefault(req_id, set()).add(key)
-        return False
-
-    def _exists_everywhere(self, key: bytes) -> bool:
-        """On the checker thread: every rank's shard is in Redis (a failure: no)."""
-        try:
-            return all(store.exists_many([key])[0] for store in self._remotes)
-        except KvtierError:
-            return False
+    def _admit(self, key: BlockHash, req_context: Any) -> None:
+        """At a request's first lookup: the policies see the whole request, the blocks
+        before ``key`` (served by vLLM's own cache) counted as reuses, as the reference
+        engine's admission does; a shared tier is asked about the rest."""
+        keys = self._keys.of(req_context, key)
+        if keys.admitted:
+            return
+        keys.admitted = True
+        first = keys.index(key)
+        target = self.tiered or self.cpu
+        target.lookup(keys.keys, first)
+        target.touch(keys.keys)
+        target.count_seen(keys.keys[:first])
 
     def _count(self, result_name: str, result: Any) -> Any:
         self.metrics.add(LOOKUPS, 1, (result_name,))
@@ -178,9 +165,9 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
     # -- loads ------------------------------------------------------------------------
 
     def prepare_load(self, keys: Collection[Any], req_context: Any) -> Any:
-        """Pin READY CPU blocks (a use of each) and say where they are."""
+        """Pin READY CPU blocks and say where they are (their use was counted when the
+        request was looked up)."""
         ks = [BlockHash(bytes(k)) for k in keys]
-        self.cpu.touch(ks)
         spec = self.cpu.prepare_load(ks)
         assert isinstance(spec, BlockIdsSpec)
         return compat.CPULoadStoreSpec([int(b) for b in spec.block_ids])
@@ -198,7 +185,10 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         """Choose the keys to store into the CPU tier, evicting by kvtier's policy."""
         self._poll()
         ks = [BlockHash(bytes(k)) for k in keys]
-        out = (self.tiered or self.cpu).prepare_store(ks)
+        target = self.tiered or self.cpu
+        out = target.prepare_store(ks)
+        if ks:
+            target.touch(self._keys.of(req_context, ks[0]).keys)  # the request is the newest
         if out is None:
             return None
         spec = out.store_spec
@@ -241,7 +231,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         return compat.RequestOffloadingContext()
 
     def on_request_finished(self, req_context: Any) -> None:
-        self._absent.pop(req_context.req_id, None)
+        self._keys.forget(req_context)
 
     def on_schedule_end(self, context: Any) -> None:
         self._poll()
@@ -251,8 +241,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         """True while promotions, write-throughs or Redis checks are in flight."""
         return bool(
             (self.mover is not None and self.mover.in_flight)
-            or (self.tiered is not None and self.tiered.pending_writes)
-            or any(not f.done() for f in self._checks.values())
+            or (self.tiered is not None and self.tiered.has_pending_work)
         )
 
     def take_events(self) -> Iterable[Any]:
@@ -289,8 +278,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         """Finish in-flight tier jobs, stop the threads, close the stores and the region."""
-        if self._checker is not None:
-            self._checker.shutdown(wait=True, cancel_futures=True)
+        if self.tiered is not None:
+            self.tiered.shutdown()  # its existence checks
         if self.mover is not None:
             self.mover.shutdown()
             self._poll()

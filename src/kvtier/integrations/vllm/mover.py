@@ -28,6 +28,26 @@ from kvtier.scheduler.tiering import TierJob
 from kvtier.worker import OffloadingWorker
 
 
+class EveryRank:
+    """Every rank's Redis store as one shared store: a block is there for this engine
+    only when every rank's shard is (``SharedStore`` for the tiering's discovery)."""
+
+    def __init__(self, stores: Sequence[RemoteStore]) -> None:
+        self.stores = list(stores)
+
+    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """One batched check per rank; may raise ``KvtierError`` (no hits then)."""
+        held = [True] * len(keys)
+        for store in self.stores:
+            held = [a and b for a, b in zip(held, store.exists_many(keys), strict=True)]
+        return held
+
+    @property
+    def outages(self) -> int:
+        """Outages of any rank's store (after one, shards may be gone)."""
+        return sum(store.outages for store in self.stores)
+
+
 @dataclass(slots=True)
 class _Pending:
     job: TierJob

@@ -146,7 +146,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
         if not secondaries:
             return KvtierManager(cpu, None, region, on_shutdown=close)
-        from kvtier.integrations.vllm.mover import RankMover
+        from kvtier.integrations.vllm.mover import EveryRank, RankMover
 
         mover = RankMover(
             [region.slab(r) for r in range(self.world_size)],
@@ -155,10 +155,11 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
             disk_io_threads=cfg.disk_io_threads,
             remote_io_threads=cfg.remote_io_threads,
         )
-        # Redis is shared with other engines: its own LRU evicts, never this engine.
-        shared = {Medium.REMOTE: remotes[0]} if remotes else None
+        # Redis is shared with other engines: its own LRU evicts, never this engine. A
+        # block is there for this engine when every rank's shard is.
+        shared = {Medium.REMOTE: EveryRank(remotes)} if remotes else None
         tiered = tiers.tiering(cfg, cpu, secondaries, shared)
-        return KvtierManager(cpu, tiered, region, mover, remotes, on_shutdown=close)
+        return KvtierManager(cpu, tiered, region, mover, on_shutdown=close)
 
     def _fingerprint(self, rank: int) -> bytes:
         """Rank ``rank``'s storage fingerprint (the checkpoint digested once)."""
