@@ -4,8 +4,8 @@ Runs in each vLLM worker process. vLLM hands the spec its KV caches as canonical
 tensors (``(num_blocks, page_bytes)`` each); kvtier reads them as byte fragments
 (``kv_view``, cross-layer layout) and copies whole pages between them and this rank's
 slab of the shared region (``region``) with kvtier's page copiers: on CUDA through a
-stream per direction, on vLLM's CPU platform (host tensors standing in for GPU
-memory) on a thread per direction. Offloaded block ``c`` is ``f`` consecutive page
+stream per direction, from the slab page-locked in place (``PageLock``); on vLLM's CPU
+platform (host tensors standing in for GPU memory) on a thread per direction. Offloaded block ``c`` is ``f`` consecutive page
 rows of the slab (``f = blocks_per_chunk``), as in kvtier's own worker.
 
 Loads and stores run on separate lanes, and expedited loads (vLLM 0.33 waits for them
@@ -31,6 +31,7 @@ import torch
 from kvtier.errors import ConfigError, ProtocolError
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK
+from kvtier.media.page_lock import PageLock
 from kvtier.worker.blockmap import RowPlan, expand_block_ids, repeats
 from kvtier.worker.kv_view import KVLayout, kv_cache_view
 from kvtier.worker.lanes import CudaLane, ThreadLane
@@ -128,6 +129,9 @@ class KvtierWorker(compat.OffloadingWorker):  # type: ignore[misc]
         rows = torch.from_numpy(slab).view(self._num_cpu_blocks * f, page)
         device = view.fragments[0].device
         on_cuda = device.type == "cuda"
+        # On CUDA this rank's slab of the shared region is page-locked, so its copies
+        # run as DMA on the lanes' own streams, overlapping the step.
+        self._page_lock = PageLock(rows) if on_cuda else None
         copier_type = CudaPageCopier if on_cuda else HostPageCopier
         self._lanes: dict[str, ThreadLane | CudaLane] = {}
         self._copiers: dict[str, HostPageCopier | CudaPageCopier] = {}
@@ -218,3 +222,5 @@ class KvtierWorker(compat.OffloadingWorker):  # type: ignore[misc]
     def shutdown(self) -> None:
         for lane in self._lanes.values():
             lane.close()
+        if self._page_lock is not None:
+            self._page_lock.release()
