@@ -5,8 +5,9 @@ tensors (``(num_blocks, page_bytes)`` each); kvtier reads them as byte fragments
 (``kv_view``, cross-layer layout) and copies whole pages between them and this rank's
 slab of the shared region (``region``) with kvtier's page copiers: on CUDA through a
 stream per direction, from the slab page-locked in place (``PageLock``); on vLLM's CPU
-platform (host tensors standing in for GPU memory) on a thread per direction. Offloaded block ``c`` is ``f`` consecutive page
-rows of the slab (``f = blocks_per_chunk``), as in kvtier's own worker.
+platform (host tensors standing in for GPU memory) on a thread per direction.
+Offloaded block ``c`` is ``f`` consecutive page rows of the slab
+(``f = blocks_per_chunk``), as in kvtier's own worker.
 
 Loads and stores run on separate lanes, and expedited loads (vLLM 0.33 waits for them
 within the step) on a third, so they never queue behind regular loads.
