@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str] | dict[str, tuple[str, str]]] = {
         "transfer": ("kvtier.bench.transfer", "GPU<->CPU handler bandwidth against a plain copy"),
         "disk": ("kvtier.bench.disk", "disk tier store/load GB/s against dd, side by side"),
         "remote": ("kvtier.bench.remote", "remote tier store/load GB/s against redis-benchmark"),
+        "vllm": (
+            "kvtier.bench.vllm",
+            "a served chat through vLLM's OpenAI server, with and without kvtier",
+        ),
     },
     "soak": ("kvtier.soak.cli", "the engine under random tier faults; every token checked"),
 }
