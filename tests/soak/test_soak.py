@@ -1,9 +1,9 @@
 """``kvtier soak``: a short run with every fault kind, and the checks it relies on.
 
-The run is short (a 12 s serving loop; starting three processes and restarting one
-take longer on a shared machine), so its figures are checked for what must hold in
-any run: every kind of fault injected, no wrong token, no crash, no corrupt block,
-every request compared in full.
+The runs are short (three seeds of a 4 s serving loop; starting three processes and
+restarting one take longer on a shared machine), so their figures are checked for
+what must hold in any run: every kind of fault injected over the three, no wrong
+token, no crash, no corrupt block, every request compared in full.
 """
 
 from __future__ import annotations
@@ -27,20 +27,23 @@ from kvtier.soak.workload import Turn
 from tests.redis_server import require_redis
 
 
-def test_a_short_soak_injects_every_fault_and_serves_every_token_right(tmp_path: Path) -> None:
+def test_three_short_soaks_inject_every_fault_and_serve_every_token_right(tmp_path: Path) -> None:
     require_redis()
     out = tmp_path / "soak.json"
-    argv = ["soak", "--duration", "12", "--fault-interval", "0.5", "--seed", "3"]
+    argv = ["soak", "--seeds", "3", "--seed", "3", "--duration", "4", "--fault-interval", "0.4"]
     assert main([*argv, "--json", str(out), "--workdir", str(tmp_path)]) == 0
     figures = json.loads(out.read_text())["results"]
+    assert figures["seeds"] == 3 and [r["seed"] for r in figures["per_seed"]] == [3, 4, 5]
     assert all(figures["faults"][kind] >= 1 for kind in FAULT_KINDS), figures["faults"]
-    assert figures["wrong_tokens"] == 0
-    assert figures["engine_crashes"] == 0
-    assert figures["corrupt_blocks_on_restart"] == 0 and figures["corrupt_blocks_at_end"] == 0
-    assert figures["requests_served"] > 0
-    assert figures["tokens_compared"] == 8 * figures["requests_served"]
-    kills = figures["faults"]["engine_kill"] + figures["faults"]["engine_kill_full_disk"]
-    assert figures["engine_restarts"] == kills
+    assert figures["failed_seeds"] == []
+    for r in figures["per_seed"]:
+        assert r["wrong_tokens"] == 0 and r["engine_crashes"] == 0
+        assert r["corrupt_blocks_on_restart"] == 0 and r["corrupt_blocks_at_end"] == 0
+        assert r["requests_served"] > 0
+        assert r["tokens_compared"] == 8 * r["requests_served"]
+        kills = r["faults"]["engine_kill"] + r["faults"]["engine_kill_full_disk"]
+        assert r["engine_restarts"] == kills
+    assert figures["requests_served"] == sum(r["requests_served"] for r in figures["per_seed"])
     assert list(tmp_path.iterdir()) == [out], "the soak left its scratch directory behind"
 
 

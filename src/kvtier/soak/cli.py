@@ -12,6 +12,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from kvtier.errors import ConfigError
 from kvtier.results import add_json_option, check_output, default_path, write_result
@@ -22,12 +23,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-requests", type=int, default=1_000_000, help="stop after N")
     parser.add_argument("--seed", type=int, default=0, help="seeds workload and faults")
     parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="run this many seeds back to back (--seed, --seed + 1, ...), each for "
+        "--duration seconds; figures per seed and in total",
+    )
+    parser.add_argument(
         "--fault-interval", type=float, default=4.0, help="mean seconds between faults"
     )
     add_json_option(parser, "soak")
     parser.add_argument(
         "--workdir", type=Path, default=None, help="scratch directory (default: a temporary one)"
     )
+
+
+FAILING = ("wrong_tokens", "engine_crashes", "corrupt_blocks_on_restart", "corrupt_blocks_at_end")
+"""A seed fails when any of these is not zero."""
+
+SUMMED = ("requests_served", "tokens_compared", "engine_restarts", "failed_loads_recomputed")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -37,29 +51,60 @@ def main(args: argparse.Namespace) -> int:
         ("--duration", args.duration),
         ("--max-requests", args.max_requests),
         ("--fault-interval", args.fault_interval),
+        ("--seeds", args.seeds),
     ):
         if not value > 0:
             raise ConfigError(key, f"must be positive, got {value}")
     out = check_output("--json", args.json or default_path("soak"))
-    options = SoakOptions(
-        duration_s=args.duration,
-        max_requests=args.max_requests,
-        seed=args.seed,
-        fault_interval_s=args.fault_interval,
-    )
-    with tempfile.TemporaryDirectory(prefix="kvtier-soak-", dir=args.workdir) as tmp:
-        figures = Soak(options, Path(tmp)).run()
-    print(json.dumps(figures, indent=2))
+    per_seed = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        options = SoakOptions(
+            duration_s=args.duration,
+            max_requests=args.max_requests,
+            seed=seed,
+            fault_interval_s=args.fault_interval,
+        )
+        with tempfile.TemporaryDirectory(prefix="kvtier-soak-", dir=args.workdir) as tmp:
+            figures = Soak(options, Path(tmp)).run()
+        per_seed.append({"seed": seed, **figures})
+        if args.seeds > 1:
+            bad = {k: figures[k] for k in FAILING if figures[k]}
+            print(
+                f"soak: seed {seed}: {figures['requests_served']} requests, "
+                f"{sum(figures['faults'].values())} faults, {figures['wrong_tokens']} wrong "
+                f"tokens, {figures['engine_crashes']} crashes" + (f"; FAILED {bad}" if bad else ""),
+                flush=True,
+            )
     config = {
-        "duration_s": options.duration_s,
-        "max_requests": options.max_requests,
-        "seed": options.seed,
-        "fault_interval_s": options.fault_interval_s,
+        "duration_s": args.duration,
+        "max_requests": args.max_requests,
+        "seed": args.seed,
+        "seeds": args.seeds,
+        "fault_interval_s": args.fault_interval,
     }
-    path = write_result("soak", config, figures, out)
+    results: dict[str, Any] = per_seed[0] if args.seeds == 1 else totals(per_seed)
+    print(json.dumps(results, indent=2))
+    path = write_result("soak", config, results, out)
     print(f"soak: figures written to {path}")
-    failed = figures["wrong_tokens"] or figures["engine_crashes"]
-    failed = failed or figures["corrupt_blocks_on_restart"] or figures["corrupt_blocks_at_end"]
+    failed = [r["seed"] for r in per_seed if any(r[k] for k in FAILING)]
     if failed:
-        print("soak: FAILED (wrong tokens, crashes or corrupt blocks)", file=sys.stderr)
+        print(
+            f"soak: FAILED (wrong tokens, crashes or corrupt blocks): seeds {failed}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
+
+
+def totals(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several seeds' figures: the sums, the faults by kind, and each seed's figures."""
+    faults: dict[str, int] = {}
+    for r in per_seed:
+        for kind, n in r["faults"].items():
+            faults[kind] = faults.get(kind, 0) + n
+    return {
+        "seeds": len(per_seed),
+        **{k: sum(r[k] for r in per_seed) for k in (*SUMMED, *FAILING)},
+        "faults": faults,
+        "failed_seeds": [r["seed"] for r in per_seed if any(r[k] for k in FAILING)],
+        "per_seed": per_seed,
+    }
