@@ -125,7 +125,9 @@ class ConnectorScheduler:
         self._done_loads: list[LoadDone] = []  # loads completed without a job
         self._next_block: dict[str, int] = {}  # request -> first block not yet offered
         self._stores: dict[str, int] = {}  # request -> store jobs reading its pages
-        self._finished: set[str] = set()  # finished requests waiting for their stores
+        self._loading: dict[str, int] = {}  # request -> loads (with promotions) in flight
+        self._finished: set[str] = set()  # finished requests waiting for their jobs
+        self._released: list[str] = []  # released without a job finishing: next report
         self._stats = Counters()
 
     # -- engine points -----------------------------------------------------------------
@@ -191,6 +193,7 @@ class ConnectorScheduler:
             gpu_block_ids=tuple(gpu_block_ids),
             skip=g - j0 * f,
         )
+        self._loading[request_id] = self._loading.get(request_id, 0) + 1
         self._start_promotions(load)
         if not load.promotions:
             self._submit_load(load)
@@ -225,11 +228,13 @@ class ConnectorScheduler:
         return self._store([page_key], {page_key: [gpu_block_id]}, None)
 
     def request_finished(self, request_id: str) -> bool:
-        """(f) ``True``: store jobs still read the request's pages; its id comes back in
-        ``Progress.released`` once they are done."""
+        """(f) ``True``: jobs still use the request's pages -- stores read them, or its
+        load (or a promotion before it) is still to write them, as when a request is
+        aborted mid-load. Its id comes back in ``Progress.released`` once they are
+        done, and its load's blocks are unpinned then as for any load."""
         self._next_block.pop(request_id, None)
         self._asked.pop(request_id, None)
-        if self._stores.get(request_id):
+        if self._stores.get(request_id) or self._loading.get(request_id):
             self._finished.add(request_id)
             return True
         return False
@@ -251,7 +256,7 @@ class ConnectorScheduler:
 
     def on_finished(self, results: Iterable[TransferResult]) -> Progress:
         """Complete the jobs the worker half reported (in any order across kinds)."""
-        released: list[str] = []
+        released, self._released = self._released, []
         for result in results:
             self._finish(self._jobs.pop(result.job_id), result, released)
         loads, self._done_loads = self._done_loads, []
@@ -266,7 +271,13 @@ class ConnectorScheduler:
     def has_pending_work(self) -> bool:
         """Whether anything is still to do: jobs in flight, jobs not yet taken,
         loads to report, or background work of the manager."""
-        return bool(self._jobs or self._outbox or self._done_loads or self.manager.has_pending_work)
+        return bool(
+            self._jobs
+            or self._outbox
+            or self._done_loads
+            or self._released
+            or self.manager.has_pending_work
+        )
 
     def take_stats(self) -> OffloadStats:
         """Counters since the last call."""
@@ -309,12 +320,12 @@ class ConnectorScheduler:
             job = _InFlight(JobKind.PROMOTE, tier_job.block_hashes, load=load, tier_job=tier_job)
             load.promotions.add(self._emit(job, tier_job.src, tier_job.dst))
 
-    def _submit_load(self, load: _Load) -> None:
+    def _submit_load(self, load: _Load, released: list[str] | None = None) -> None:
         ready = self.manager.ready_run(load.block_keys)
         pages = min(ready * self.f - load.skip, load.num_pages) if ready else 0
         self._stats.refused_loads += max(0, len(load.block_keys) - ready - load.failed)
         if pages <= 0:
-            self._done_loads.append(LoadDone(load.request_id, 0))
+            self._load_done(LoadDone(load.request_id, 0), released)
             return
         keys = load.block_keys[:ready]
         cpu_spec = self.manager.prepare_load(keys)
@@ -345,10 +356,10 @@ class ConnectorScheduler:
                 for medium, count in served.items():
                     s.hit(medium, count)
                 pages = min(n * self.f - load.skip, load.num_pages)
-                self._done_loads.append(LoadDone(load.request_id, pages))
+                self._load_done(LoadDone(load.request_id, pages), released)
             else:
                 s.failed_loads += n
-                self._done_loads.append(LoadDone(load.request_id, 0))
+                self._load_done(LoadDone(load.request_id, 0), released)
         elif job.kind is JobKind.STORE:
             self.manager.complete_store(job.block_hashes, success=ok)
             if ok:
@@ -368,15 +379,29 @@ class ConnectorScheduler:
                 for key in job.block_hashes:  # dropped from the CPU tier: never loaded
                     job.load.promoted_from.pop(key, None)
             if not job.load.promotions:
-                self._submit_load(job.load)
+                self._submit_load(job.load, released)
         else:
             assert job.tier_job is not None
             self.manager.complete_write(job.tier_job, ok)
+
+    def _load_done(self, done: LoadDone, released: list[str] | None = None) -> None:
+        """A request's load is over (loaded, failed, or nothing to load)."""
+        self._done_loads.append(done)
+        rid = done.request_id
+        self._loading[rid] -= 1
+        if not self._loading[rid]:
+            del self._loading[rid]
+            if rid in self._finished and not self._stores.get(rid):
+                self._finished.discard(rid)
+                if released is None:
+                    self._released.append(rid)  # no job finished: the next call reports it
+                else:
+                    released.append(rid)
 
     def _store_done(self, rid: str, released: list[str]) -> None:
         self._stores[rid] -= 1
         if not self._stores[rid]:
             del self._stores[rid]
-            if rid in self._finished:
+            if rid in self._finished and not self._loading.get(rid):
                 self._finished.discard(rid)
                 released.append(rid)
