@@ -60,9 +60,9 @@ with them, so that a library built from older source is refused."""
 SWITCH_ENV = "KVTIER_NATIVE_COPY"
 STREAM_MIN_BYTES = 2 << 20
 """Jobs of at least this many bytes write their destination with non-temporal stores
-(it would not stay in the caches anyway; measured in ``docs/worker.md``). 2 MiB, not
-1: from cold caches a 1 MiB job streams no faster, and in the bench's own sequence a
-1 MiB job (16 KiB x 16) copied with ``memmove`` took ~25% less time."""
+(it would not stay in the caches anyway). From cold caches streaming is equal at
+512 KiB, equal or faster at 2 MiB and faster from 8 MiB; a 1 MiB job (16 KiB x 16)
+copied with ``memmove`` took ~25% less time than streamed, hence 2 MiB, not 1."""
 
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _UPTRP = ctypes.POINTER(ctypes.c_size_t)  # uintptr_t: pointer-sized, unsigned
