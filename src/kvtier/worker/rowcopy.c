@@ -1,7 +1,9 @@
-/* kvtier's row copy loop, built at install time as the extension module
-   kvtier.worker._rowcopy (see rowcopy.py, which loads and calls it; pyproject.toml
-   declares the build, optional: without a C compiler kvtier installs without it and
-   the host copies run on numpy, byte for byte the same).
+/* kvtier's row copy loop, built at install time as the file of the extension module
+   kvtier.worker._rowcopy (pyproject.toml declares the build, optional: without a C
+   compiler kvtier installs without it and the host copies run on numpy, byte for byte
+   the same). A plain C library with no Python API, so that building it needs a C
+   compiler and libc only, not Python's headers: rowcopy.py finds the file by the
+   module's name and opens it with ctypes; nothing imports it as a module.
 
    One call copies one job: for each row i, for each fragment f,
        frag_bytes[f] bytes
@@ -47,10 +49,7 @@
    kind; ctypes converts each argument on every call, ~0.3 us apiece.
 
    Called through ctypes.CDLL, which releases the GIL for the call: two handler lanes
-   copy at once. Nothing but the module's init touches Python. */
-
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+   copy at once. Nothing here touches Python. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -195,15 +194,3 @@ static void copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stre
     if (stream) _mm_sfence();
 #endif
 }
-
-/* The module itself holds nothing: importing it names the library's file, which
-   rowcopy.py then opens with ctypes. */
-static struct PyModuleDef rowcopy_module = {
-    PyModuleDef_HEAD_INIT,
-    "_rowcopy",
-    "kvtier's row copy loop, called through ctypes (kvtier.worker.rowcopy).",
-    0,
-    NULL,
-};
-
-PyMODINIT_FUNC PyInit__rowcopy(void) { return PyModule_Create(&rowcopy_module); }

@@ -10,10 +10,12 @@ much as copying an 8 KiB row. The C loop (``rowcopy.c``) does it in one pass: on
 ``memmove`` per row and fragment, one call per job. Whole handler jobs of 16 blocks
 and more run at 1.1-3.3x the numpy copier's GB/s (``docs/worker.md``).
 
-Building: ``rowcopy.c`` is the extension module ``kvtier.worker._rowcopy``, compiled
-when kvtier is installed (``pyproject.toml``; optional, so an install without a C
-compiler succeeds without it). Nothing is compiled at run time: importing the module
-names the library's file, which is opened with ``ctypes``.
+Building: ``rowcopy.c`` is compiled when kvtier is installed, as the file of the
+extension module ``kvtier.worker._rowcopy`` (``pyproject.toml``; optional, so an
+install without a C compiler succeeds without it). It is a plain C library, no
+Python API (a C compiler and libc build it, no Python headers): the import system
+finds its file by the module's name, ``ctypes`` opens it, nothing imports it.
+Nothing is compiled at run time.
 
 Falling back: with the extension not built, or one that reports another ABI or fails
 its self-test (a library left from older source), ``native_row_copier()`` logs one
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib
+import importlib.util
 import logging
 import os
 import threading
@@ -292,14 +294,17 @@ def load_row_copier(module: str = EXTENSION) -> NativeRowCopier | None:
 def _open(module: str) -> tuple[NativeRowCopier | None, str]:
     """``(copier, "")`` or ``(None, why)``."""
     try:
-        path = importlib.import_module(module).__file__
+        spec = importlib.util.find_spec(module)
     except ImportError as exc:
+        spec, why = None, f" ({exc})"
+    else:
+        why = ""
+    path = spec.origin if spec is not None else None
+    if path is None:
         return None, (
-            f"{module} is not built ({exc}): kvtier was installed without a C compiler; "
+            f"{module} is not built{why}: kvtier was installed without a C compiler; "
             "reinstall it with one (e.g. gcc) to build it"
         )
-    if path is None:
-        return None, f"{module} has no file"
     try:
         lib = ctypes.CDLL(path)
         abi = lib.kvtier_rowcopy_abi
