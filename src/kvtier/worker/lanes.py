@@ -66,7 +66,8 @@ class ThreadLane:
     wakes only callers: an idle worker thread woken there would only take the GIL
     from the caller that ran the job. The worker woken by a submit whose job a
     waiting caller takes first finds the queue empty and sleeps again; that wake
-    costs a small waited job a few microseconds of GIL (``docs/worker.md``).
+    takes the GIL from the caller for a moment, which a small waited job pays (tens
+    of microseconds on a loaded 2-core machine, ``docs/decisions.md``).
     """
 
     def __init__(self, name: str) -> None:

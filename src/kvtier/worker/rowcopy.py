@@ -8,7 +8,7 @@ of scattered rows in one pass: numpy's fancy indexing and torch's ``index_select
 ``index_copy_`` gather into a temporary first, and one Python call per row costs as
 much as copying an 8 KiB row. The C loop (``rowcopy.c``) does it in one pass: one
 ``memmove`` per row and fragment, one call per job. Whole handler jobs of 16 blocks
-and more run at 1.1-3.3x the numpy copier's GB/s (``docs/worker.md``).
+and more run at 1.0-2.8x the numpy copier's GB/s (``docs/worker.md``).
 
 Building: ``rowcopy.c`` is compiled when kvtier is installed, as the file of the
 extension module ``kvtier.worker._rowcopy`` (``pyproject.toml``; optional, so an
