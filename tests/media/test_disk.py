@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvtier.media.disk as disk_module
+import kvtier.media.disk_recovery as disk_recovery
 from kvtier.errors import ConfigError, IntegrityError, TransferError
 from kvtier.media import block_format, direct_io
 from kvtier.media.direct_io import aligned_empty
@@ -513,7 +514,7 @@ def test_a_size_larger_than_the_file_system_fails_before_the_scan(
     s.write(key(1), payload(1))
     s.close()
     scanned: list[Path] = []
-    monkeypatch.setattr(disk_module, "scan", lambda d: scanned.append(d) or [])
+    monkeypatch.setattr(disk_recovery, "scan", lambda d: scanned.append(d) or [])
     with pytest.raises(ConfigError, match="in the whole file system") as info:
         DiskStore.open(tmp_path, FP, 100 * 2**40)
     assert info.value.key == "disk_bytes_to_use" and "100.0 GiB" not in str(info.value)
@@ -525,7 +526,7 @@ def test_a_size_larger_than_the_file_system_fails_before_the_scan(
 def test_spec_checks_the_disk_size_before_building_the_disk_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A typo of 100 TiB answers at once with the key; no slot table is sized (issue 17)."""
+    """A typo of 100 TiB answers at once with the key; no slot table is sized."""
     import kvtier.offloading_spec as spec_module
     from kvtier.keys import ModelFingerprint
 

@@ -81,14 +81,20 @@ DEVICES = [
 
 
 def require_native() -> rowcopy.NativeRowCopier:
-    """The compiled row copier; skips (saying why) only when there is no C compiler.
+    """The compiled row copier; skips (saying why) only where it cannot have been built.
 
-    With a compiler on PATH a copier that fails to build or load fails the test: the
-    native path's tests must not skip silently where they can run (CI installs gcc).
+    The extension is built when kvtier is installed, and only where a C compiler is.
+    With a compiler on PATH and no usable extension the test fails: the native path's
+    tests must not skip silently where they can run (CI installs gcc before kvtier).
     """
+    native = rowcopy.native_row_copier()
+    if native is not None:
+        return native
     cc = os.environ.get("CC") or "cc"
     if shutil.which(shlex.split(cc)[0]) is None:
-        pytest.skip(f"no C compiler ({cc!r} is not on PATH): the native row copier cannot build")
-    native = rowcopy.native_row_copier()
-    assert native is not None, f"{cc} is on PATH but the native row copier did not load"
-    return native
+        pytest.skip(f"no C compiler ({cc!r} is not on PATH): the row copier was not built")
+    pytest.fail(
+        f"{cc} is on PATH but {rowcopy.EXTENSION} is not usable: build it with "
+        "`pip install -e .` (or `python -c 'from setuptools import setup; setup()' "
+        "build_ext --inplace`)"
+    )

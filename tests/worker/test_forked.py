@@ -5,12 +5,8 @@ failed in the child (never run twice, never left pending), the parent is unaffec
 from __future__ import annotations
 
 import collections
-import ctypes
-import gc
-import platform
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -26,7 +22,6 @@ from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
 from kvtier.worker import KVLayout
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
-from kvtier.worker.doorbell import _LIBS_LOCK, Doorbell, NativeDoorbell, PyDoorbell
 from kvtier.worker.gpu_cpu import CpuGpuOffloadingHandlers
 from kvtier.worker.handler import TransferResult, TransferSpec
 from kvtier.worker.lanes import ThreadLane
@@ -34,7 +29,6 @@ from kvtier.worker.thread_pool_handler import PooledHandler, Task
 
 from ..forking import held_by_another_thread, run_in_forked_child
 from .conftest import require_native
-from .test_lanes import BELLS, make_bell
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning"),  # Python 3.12+
@@ -71,12 +65,11 @@ def summary(results: list[TransferResult]) -> list[tuple[int, bool, int]]:
     return [(r.job_id, r.success, r.bytes_moved) for r in results]
 
 
-@pytest.mark.parametrize("bell", BELLS)
-def test_a_lane_forked_in_the_middle_of_a_job_runs_the_childs_jobs(bell: str) -> None:
+def test_a_lane_forked_in_the_middle_of_a_job_runs_the_childs_jobs() -> None:
     """At the fork the worker thread runs job 1 (holding the lane's runner lock, which
     stays taken in the child) and job 2 waits behind it: in the child both are reported
     failed, in order, and job 3 runs whether a caller waits for it or not."""
-    lane = ThreadLane("forked-lane", make_bell(bell))
+    lane = ThreadLane("forked-lane")
     release, started = threading.Event(), threading.Event()
     try:
         lane.submit(0, returns(5))
@@ -101,11 +94,10 @@ def test_a_lane_forked_in_the_middle_of_a_job_runs_the_childs_jobs(bell: str) ->
         lane.close()
 
 
-@pytest.mark.parametrize("bell", BELLS)
-def test_a_lane_forked_while_idle_starts_its_childs_unwaited_jobs(bell: str) -> None:
-    """The worker thread sleeps on the doorbell at the fork: the child's job, which no
-    caller waits for, is started by a worker thread of the child's own."""
-    lane = ThreadLane("idle-lane", make_bell(bell))
+def test_a_lane_forked_while_idle_starts_its_childs_unwaited_jobs() -> None:
+    """The worker thread sleeps on the lane's condition at the fork: the child's job,
+    which no caller waits for, is started by a worker thread of the child's own."""
+    lane = ThreadLane("idle-lane")
     try:
         lane.submit(0, returns(3))
         lane.wait([0])
@@ -123,20 +115,17 @@ def test_a_lane_forked_while_idle_starts_its_childs_unwaited_jobs(bell: str) -> 
         lane.close()
 
 
-@pytest.mark.parametrize("which", ["lane", "bell", "bell library"])
-def test_a_lane_forked_while_a_parent_thread_holds_its_lock_or_its_bells(which: str) -> None:
+@pytest.mark.parametrize("which", ["lock", "runner"])
+def test_a_lane_forked_while_a_parent_thread_holds_its_locks(which: str) -> None:
     """A lock another thread of the parent holds at the fork stays held in the child
-    (that thread is not there to release it): the lane's own; the Python bell's, which
-    ``ring`` takes (the compiled bell's mutex is held for a moment the same way, which
-    no test can hold open); or the lock around loading the compiled bell's library,
-    which renewing a compiled bell must not take."""
-    bell: Doorbell = NativeDoorbell(require_native()) if which == "bell library" else PyDoorbell()
-    lane = ThreadLane("held-lane", bell)
-    held = {"lane": lane._lock, "bell": getattr(bell, "_cond", None), "bell library": _LIBS_LOCK}
+    (that thread is not there to release it): the lane's own, which ``submit`` takes,
+    and the runner lock, which ``wait`` takes to run a job."""
+    lane = ThreadLane("held-lane")
+    held = {"lock": lane._lock, "runner": lane._runner}
     try:
 
         def child() -> bool:
-            lane.submit(1, returns(9))  # ``ring`` takes the bell's lock
+            lane.submit(1, returns(9))
             lane.wait([1])
             lane.submit(2, returns(4))
             got = summary(polled(lane, 2))
@@ -272,7 +261,7 @@ def test_a_disk_handler_forked_while_the_store_is_held_stores_and_loads_in_the_c
         store.close()
 
 
-# -- forks inside a few bytecodes of another thread's update (found in review) ------
+# -- forks inside a few bytecodes of another thread's update ------------------------
 # Each holds another parent thread inside one of kvtier's multi-step updates across
 # the fork (a container whose method pauses), where the child must still be right.
 
@@ -292,7 +281,7 @@ class _PauseOn:
 def test_a_job_half_submitted_at_the_fork_is_reported_after_the_queued_ones() -> None:
     """Job 1 runs, job 2 is queued and another thread is inside ``submit`` of job 3:
     the child reports 1, 2, 3 (failed), in submission order."""
-    lane = ThreadLane("half-submit", PyDoorbell())
+    lane = ThreadLane("half-submit")
     release, started = threading.Event(), threading.Event()
     pause = _PauseOn(3)
     try:
@@ -341,7 +330,7 @@ class _PausingQueue(collections.deque):  # type: ignore[type-arg]
 def test_a_job_reported_in_the_parent_as_the_fork_came_is_reported_once() -> None:
     """The worker thread has appended job 1's report but not yet marked it done: the
     child reports it once, as it finished."""
-    lane = ThreadLane("reported", PyDoorbell())
+    lane = ThreadLane("reported")
     pause = _PauseOn(1)
     try:
         lane._done = _PausingQueue((), lambda r: pause.hit(r.job_id))
@@ -484,7 +473,7 @@ def test_slots_reserved_by_the_parents_writes_in_flight_are_free_in_the_child(
 def test_an_object_that_fails_to_renew_leaves_the_others_renewed() -> None:
     class Broken:
         def _after_fork(self) -> None:
-            raise MemoryError("no memory for a new doorbell")
+            raise MemoryError("no memory for a new lock")
 
     lanes = [ThreadLane(f"renewed-{i}") for i in range(6)]
     broken = Broken()
@@ -501,50 +490,3 @@ def test_an_object_that_fails_to_renew_leaves_the_others_renewed() -> None:
     finally:
         for lane in lanes:
             lane.close()
-
-
-FUTEX = {"x86_64": "202", "aarch64": "98"}.get(platform.machine())  # the syscall's number
-
-
-def _asleep_on(thread: threading.Thread, lo: int, hi: int) -> bool:
-    """Whether ``thread`` waits in a futex whose word lies in ``[lo, hi)`` (Linux /proc)."""
-    fields = Path(f"/proc/self/task/{thread.native_id}/syscall").read_text().split()
-    return fields[0] == FUTEX and lo <= int(fields[1], 16) < hi
-
-
-@pytest.mark.skipif(
-    FUTEX is None or not Path("/proc/self/task").is_dir(),
-    reason="reads a thread's system call from Linux /proc (x86-64, aarch64)",
-)
-def test_a_renewed_compiled_bell_never_frees_the_state_a_parent_thread_slept_on() -> None:
-    """Freeing a condition a parent thread waited on blocks in the child for ever
-    (``pthread_cond_destroy`` waits for a waiter that no longer exists): the old bell,
-    dropped in the child after ``renewed``, must not be freed."""
-    old = NativeDoorbell(require_native())
-    lib, handle = old._lib, old._handle.value
-    assert handle is not None
-    # the sleeper holds the raw handle only, not the bell: in the child, nothing but
-    # the test's own name keeps the old bell alive
-    sleeper = threading.Thread(target=lambda: lib.sleep(ctypes.c_void_p(handle)))
-    sleeper.start()
-    deadline = time.monotonic() + 30
-    while not _asleep_on(sleeper, handle, handle + 256):
-        assert time.monotonic() < deadline, "the sleeper never slept on the bell"
-        time.sleep(0.01)
-    collected = []
-
-    def child() -> bool:
-        nonlocal old
-        new = old.renewed()
-        weakref.finalize(old, collected.append, True)
-        del old
-        gc.collect()  # a finalizer still attached would free the old state: hangs
-        new.ring()
-        return collected == [True] and new.sleep() is True
-
-    try:
-        run_in_forked_child(child, lambda: None)
-    finally:
-        old.close()
-        sleeper.join(30)
-    assert not sleeper.is_alive()

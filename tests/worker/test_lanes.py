@@ -3,6 +3,7 @@ caller blocked in ``wait``, and each is reported exactly once, in order."""
 
 from __future__ import annotations
 
+import collections
 import signal
 import sys
 import threading
@@ -14,17 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvtier.cli import STOP_SIGNALS, _on_signal
-from kvtier.worker.doorbell import GRACE_NS, Doorbell, NativeDoorbell, PyDoorbell
 from kvtier.worker.lanes import ThreadLane
-
-from .conftest import require_native
-
-BELLS = ["python", "native"]
-
-
-def make_bell(kind: str) -> Doorbell:
-    """The lane's doorbell: the Python fallback, or the compiled one (where it runs)."""
-    return PyDoorbell() if kind == "python" else NativeDoorbell(require_native())
 
 
 class Recorder:
@@ -157,16 +148,14 @@ def test_close_returns_only_after_a_job_a_caller_runs() -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("bell", BELLS)
 @pytest.mark.parametrize("jobs", [1, 5])
-def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int, bell: str) -> None:
+def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int) -> None:
     # ``submit`` returns without running the job (the worker protocol: transfer_async
     # never blocks on the copy), even for a tiny job on an idle lane. Nobody waits here,
     # so only the lane's thread may run it; each job is submitted after the previous
     # one is reported, i.e. to an idle lane. (A caller blocked in ``wait`` may run
-    # queued jobs itself: not checked here, no ``wait`` is called.) With either
-    # doorbell: the compiled one must hand an unclaimed job to the worker.
-    lane = ThreadLane("lane-under-test", make_bell(bell))
+    # queued jobs itself: not checked here, no ``wait`` is called.)
+    lane = ThreadLane("lane-under-test")
     caller = threading.get_ident()
     for job_id in range(jobs):
         ran_by: list[int] = []
@@ -190,12 +179,11 @@ def test_submit_never_runs_a_job_in_the_submitting_thread(jobs: int, bell: str) 
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("bell", ["python", "native"])
-def test_a_job_submitted_while_closing_is_refused_after_the_earlier_ones(bell: str) -> None:
+def test_a_job_submitted_while_closing_is_refused_after_the_earlier_ones() -> None:
     # close() runs what is queued first; a job submitted meanwhile is refused, but its
-    # report comes after the earlier jobs' (found in review: it was reported at once,
-    # ahead of a job still running)
-    lane = ThreadLane("lane-under-test", make_bell(bell))
+    # report comes after the earlier jobs' (it was once reported at once, ahead of a
+    # job still running)
+    lane = ThreadLane("lane-under-test")
     running, release = threading.Event(), threading.Event()
 
     def slow() -> tuple[int, None]:
@@ -222,90 +210,51 @@ def test_a_job_submitted_while_closing_is_refused_after_the_earlier_ones(bell: s
     assert [(r.job_id, r.success) for r in lane.poll()] == [(3, False)]
 
 
-class _ClaimLog(PyDoorbell):
-    """The Python doorbell, recording who claimed each job; ``sleeps``: False, the
-    worker never wakes for a job (only ``close`` ends its sleep), so every job is
-    run by a waiting caller."""
+class _SignalAtPop(collections.deque):  # type: ignore[type-arg]
+    """A lane's queue whose first pop raises SIGINT in this process (the handler runs
+    at the pop's next bytecode, the job already taken off the queue)."""
 
-    def __init__(self, sleeps: bool) -> None:
-        super().__init__()
-        self.claims: list[bool] = []
-        self._sleeps = sleeps
+    popped = 0
 
-    def claim(self, by_waiter: bool) -> None:
-        self.claims.append(by_waiter)
-        super().claim(by_waiter)
-
-    def sleep(self) -> bool:
-        if self._sleeps:
-            return super().sleep()
-        with self._cond:
-            self._cond.wait_for(lambda: self._closed)
-        return False
-
-
-@pytest.mark.timeout(120)
-def test_the_lane_tells_its_doorbell_who_claimed() -> None:
-    # the doorbell gives its grace only after a waiting caller's claim: the lane must
-    # say which runner took each job (caller in wait: True; its worker thread: False)
-    waited = _ClaimLog(sleeps=False)
-    lane = ThreadLane("lane-under-test", waited)
-    for job_id in range(3):
-        lane.submit(job_id, lambda: (1, None))
-        lane.wait([job_id])
-    lane.close()
-    assert waited.claims == [True, True, True]
-    unwaited = _ClaimLog(sleeps=True)
-    lane = ThreadLane("lane-under-test", unwaited)
-    for job_id in range(3):
-        done = threading.Event()
-        lane.submit(job_id, lambda done=done: (done.set(), (1, None))[1])
-        assert done.wait(60)
-    lane.close()
-    assert unwaited.claims == [False, False, False]
-
-
-class _SignalAtClaim(_ClaimLog):
-    """A doorbell whose first claim by a waiting caller raises SIGINT in this process
-    (the handler runs at the claim's next bytecode, the job already popped)."""
-
-    def claim(self, by_waiter: bool) -> None:
-        if by_waiter and not self.claims:
+    def popleft(self):  # type: ignore[no-untyped-def]
+        item = super().popleft()
+        self.popped += 1
+        if self.popped == 1:
             signal.raise_signal(signal.SIGINT)
-        super().claim(by_waiter)
+        return item
 
 
 @pytest.mark.timeout(30)  # a job left in flight would hang wait
 def test_a_stop_signal_while_a_caller_takes_a_job_waits_until_it_is_reported() -> None:
-    # Review of the Ctrl-C fix: kvtier's handler raised between a waiting caller's pop
-    # of a job and its try/finally; the job stayed in flight and close hung.
-    lane = ThreadLane("lane-under-test", _SignalAtClaim(sleeps=False))
+    # kvtier's stop handler once raised between a waiting caller's pop of a job and
+    # its try/finally; the job stayed in flight and close hung. Under a long switch
+    # interval the woken worker cannot take the GIL first: the caller pops the job.
+    lane = ThreadLane("lane-under-test")
+    lane._queue = queue = _SignalAtPop()
     previous = {s: signal.signal(s, _on_signal) for s in STOP_SIGNALS}
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
     try:
         lane.submit(1, lambda: (7, None))
         with pytest.raises(KeyboardInterrupt):
             lane.wait([1])
     finally:
+        sys.setswitchinterval(old)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    assert queue.popped == 1
     lane.wait([1])  # returns: the job ran whole and was reported
     assert [(r.job_id, r.success, r.bytes_moved) for r in lane.poll()] == [(1, True, 7)]
     lane.close()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("bell", ["python", "native", "native-no-grace"])
-def test_the_worker_outlives_jobs_its_callers_claim(bell: str) -> None:
-    # callers that wait run (claim) their jobs themselves, often before the woken
-    # worker looks: the worker must go back to sleep, not leave, and still start a
-    # job nobody waits for afterwards (review: three ways to make the worker leave,
-    # a C loop without its recheck, ``if`` for ``while`` around the C wait, ``return``
-    # for ``continue`` in ``_run``, each passed every other test)
-    if bell == "python":
-        chosen: Doorbell = PyDoorbell()
-    else:
-        chosen = NativeDoorbell(require_native(), 0 if bell == "native-no-grace" else GRACE_NS)
-    lane = ThreadLane("lane-under-test", chosen)
+def test_the_worker_outlives_jobs_its_callers_take() -> None:
+    # callers that wait run their jobs themselves, often before the woken worker
+    # looks: the worker must go back to sleep, not leave, and still start a job
+    # nobody waits for afterwards (a worker that leaves when it finds the queue
+    # empty passes every other test)
+    lane = ThreadLane("lane-under-test")
     for job_id in range(300):
         lane.submit(job_id, lambda: (0, None))
         lane.wait([job_id])
@@ -320,11 +269,9 @@ def test_the_worker_outlives_jobs_its_callers_claim(bell: str) -> None:
 class LaneMachine(RuleBasedStateMachine):
     """Submit, wait, poll and close in any order, against a list model."""
 
-    bell = "python"
-
     def __init__(self) -> None:
         super().__init__()
-        self.lane = ThreadLane("lane-under-test", make_bell(self.bell))
+        self.lane = ThreadLane("lane-under-test")
         self.rec = Recorder()
         self.next_id = 0
         self.submitted: list[tuple[int, str]] = []  # (job id, "ok" | "raise" | "refused")
@@ -386,23 +333,10 @@ class LaneMachine(RuleBasedStateMachine):
             ok = kinds[job_id] in ("ok", "slow")
             assert (success, nbytes) == ((True, 100 + job_id) if ok else (False, 0))
 
-    @invariant()
-    def doorbell_counts_the_queue(self) -> None:
-        # ring with each append, claim with each pop, both under the lane's lock: a
-        # count off by one would wake the worker for nothing or leave a job asleep
-        with self.lane._lock:
-            assert self.lane._bell.unclaimed() == len(self.lane._queue)
-
     def teardown(self) -> None:
         self.lane.close()
         assert not self.lane._thread.is_alive()
 
 
-class NativeLaneMachine(LaneMachine):
-    bell = "native"
-
-
-for machine in (LaneMachine, NativeLaneMachine):
-    machine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+LaneMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 test_lane_machine = LaneMachine.TestCase
-test_lane_machine_native_doorbell = NativeLaneMachine.TestCase

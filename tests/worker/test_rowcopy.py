@@ -1,4 +1,4 @@
-"""The compiled row copier: exact bytes, bounds checked before C, builds and fallbacks.
+"""The compiled row copier: exact bytes, bounds checked before C, loading and fallbacks.
 
 The oracle is a copy made row by row with torch slicing (``reference``), which shares
 nothing with either copier; every case also runs through the numpy fallback.
@@ -7,11 +7,9 @@ nothing with either copier; every case also runs through the numpy fallback.
 from __future__ import annotations
 
 import ctypes
-import fnmatch
 import logging
 import os
 import subprocess
-import sys
 import threading
 import weakref
 from pathlib import Path
@@ -413,12 +411,11 @@ def test_two_threads_copying_at_once_give_exact_bytes() -> None:
         assert all(torch.equal(f, w) for f, w in zip(frags, want_frags, strict=True))
 
 
-# --- building, caching and falling back ----------------------------------------------
+# --- loading and falling back ---------------------------------------------------------
 
 
-def test_no_compiler_falls_back_to_numpy_with_one_warning(monkeypatch, tmp_path, caplog) -> None:
-    monkeypatch.setenv("CC", "/nonexistent/cc")
-    monkeypatch.setenv(rowcopy.CACHE_ENV, str(tmp_path))
+def test_an_unbuilt_extension_falls_back_to_numpy_with_one_warning(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(rowcopy, "EXTENSION", "kvtier.worker._never_built")
     monkeypatch.delenv(rowcopy.SWITCH_ENV, raising=False)
     frags, slab = random_tensors([8, 24], 12, 10, seed=3)
     with caplog.at_level(logging.WARNING, logger="kvtier.worker.rowcopy"):
@@ -426,8 +423,8 @@ def test_no_compiler_falls_back_to_numpy_with_one_warning(monkeypatch, tmp_path,
     assert [c.kind for c in copiers] == ["numpy", "numpy"]
     warnings = [r.getMessage() for r in caplog.records if r.name == "kvtier.worker.rowcopy"]
     assert len(warnings) == 1, warnings
-    assert "'/nonexistent/cc' is not on PATH" in warnings[0] and "use numpy" in warnings[0]
-    assert list(tmp_path.iterdir()) == []  # nothing half-built left behind
+    assert "kvtier.worker._never_built is not built" in warnings[0]
+    assert "installed without a C compiler" in warnings[0] and "use numpy" in warnings[0]
     plan = RowPlan.pairing(np.array([3, 0, 11]), np.array([9, 4, 5]))
     check_job(copiers[0], frags, slab, plan, True)
     check_job(copiers[0], frags, slab, plan, False)
@@ -442,128 +439,46 @@ def test_switch_off_means_numpy_without_a_warning(monkeypatch, caplog) -> None:
     assert not caplog.records
 
 
-def test_a_failing_compiler_falls_back(tmp_path, caplog) -> None:
+def test_nothing_is_compiled_when_the_copier_loads(monkeypatch) -> None:
+    """The library comes from the install; loading it starts no process (no compiler)."""
+    require_native()
+
+    def no_process(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
+    monkeypatch.setattr(os, "posix_spawn", no_process, raising=False)
+    monkeypatch.setattr(os, "fork", no_process)
+    assert rowcopy.load_row_copier() is not None
+
+
+def test_a_library_of_another_abi_is_refused(monkeypatch, caplog) -> None:
+    require_native()
+    monkeypatch.setattr(rowcopy, "ABI", rowcopy.ABI + 1)
     with caplog.at_level(logging.WARNING, logger="kvtier.worker.rowcopy"):
-        assert rowcopy.load_row_copier(tmp_path, "false") is None
-    assert "exited with 1" in caplog.text
-    assert not any(p.is_file() for p in tmp_path.rglob("*"))  # the temporary is removed
+        assert rowcopy.load_row_copier() is None
+    assert f"reports ABI {rowcopy.ABI - 1} where {rowcopy.ABI} is expected" in caplog.text
 
 
-def test_builds_into_the_cache_once(tmp_path) -> None:
-    require_native()
-    cc = os.environ.get("CC") or "cc"
-    assert rowcopy.load_row_copier(tmp_path, cc) is not None
-    path = rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [path]
-    built = path.stat().st_mtime_ns
-    assert rowcopy.load_row_copier(tmp_path, cc) is not None
-    assert path.stat().st_mtime_ns == built  # loaded from the cache, not rebuilt
+@pytest.mark.parametrize(("returns", "why"), [(-1, "copies nothing"), (0, "calls a good row bad")])
+def test_the_self_test_refuses_a_library_that_copies_wrong(returns: int, why: str) -> None:
+    """A library left from older source that loads but copies nothing, or reports a
+    good row out of range, fails the self-test (and is then never used)."""
+    native = require_native()
+    assert rowcopy._self_test(native)
+    broken = rowcopy.NativeRowCopier.__new__(rowcopy.NativeRowCopier)
+    broken.path, broken.copy_rows = native.path, lambda *args: returns
+    assert not rowcopy._self_test(broken), why
 
 
-def test_cache_key_names_source_compiler_and_platform(tmp_path) -> None:
-    a = rowcopy.library_path(tmp_path, "cc", b"int x;")
-    assert a == rowcopy.library_path(tmp_path, "cc", b"int x;")
-    assert a.parent.parent == tmp_path and a.name == "rowcopy.so"
-    assert a != rowcopy.library_path(tmp_path, "cc", b"int y;")
-    assert a != rowcopy.library_path(tmp_path, "gcc", b"int x;")
-
-
-def test_a_corrupt_cached_library_is_rebuilt(tmp_path, caplog) -> None:
-    require_native()
-    cc = os.environ.get("CC") or "cc"
-    path = rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"\x7fELF but not a library")
-    with caplog.at_level(logging.INFO, logger="kvtier.worker.rowcopy"):
-        native = rowcopy.load_row_copier(tmp_path, cc)
-    assert native is not None
-    assert "unusable" in caplog.text and "rebuilding" in caplog.text
-    assert path.read_bytes()[:4] == b"\x7fELF" and path.stat().st_size > 1000
-
-
-def test_a_corrupt_cached_library_without_a_compiler_falls_back(tmp_path, caplog) -> None:
-    path = rowcopy.library_path(tmp_path, "/nonexistent/cc", rowcopy.SOURCE.read_bytes())
-    path.parent.mkdir(parents=True)
-    path.write_bytes(b"garbage")
-    with caplog.at_level(logging.WARNING, logger="kvtier.worker.rowcopy"):
-        assert rowcopy.load_row_copier(tmp_path, "/nonexistent/cc") is None
-    assert "is not on PATH" in caplog.text
-
-
-WRONG_COPIER = """
-#include <stdint.h>
-int64_t kvtier_rowcopy_abi(void) { return %d; }
-void kvtier_copy_rows(void) {}
-"""
-
-
-@pytest.mark.parametrize("abi", [rowcopy.ABI, rowcopy.ABI + 1], ids=["copies-nothing", "old-abi"])
-def test_a_cached_library_that_copies_wrong_is_never_used(tmp_path, caplog, abi) -> None:
-    """A library that loads but fails the ABI check or the self-test is not used in this
-    process (numpy copies instead) and is replaced, so the next process builds it right."""
-    require_native()
-    cc = os.environ.get("CC") or "cc"
-    path = rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
-    path.parent.mkdir(parents=True)
-    src = tmp_path / "wrong.c"
-    src.write_text(WRONG_COPIER % abi)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(path), str(src)], check=True)
-    with caplog.at_level(logging.INFO, logger="kvtier.worker.rowcopy"):
-        native = rowcopy.load_row_copier(tmp_path, cc)
-    why = "self-test copied the wrong bytes" if abi == rowcopy.ABI else f"ABI {abi} where"
-    assert why in caplog.text
-    # rebuilt, but dlopen() hands this process the wrong library again for that path
-    assert native is None and "unavailable" in caplog.text
-    assert _loads_in_a_fresh_process(tmp_path, cc) == "native"
-
-
-def _loads_in_a_fresh_process(cache: Path, cc: str) -> str:
-    code = (
-        "import sys; from pathlib import Path; from kvtier.worker import rowcopy; "
-        "n = rowcopy.load_row_copier(Path(sys.argv[1]), sys.argv[2]); "
-        "print('native' if n else 'numpy')"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(cache), cc], capture_output=True, text=True, check=True
-    )
-    return out.stdout.strip()
-
-
-def test_two_processes_building_at_once_both_load(tmp_path) -> None:
-    require_native()
-    cc = os.environ.get("CC") or "cc"
-    code = (
-        "import sys; from pathlib import Path; from kvtier.worker import rowcopy; "
-        "sys.stdin.readline(); "
-        "n = rowcopy.load_row_copier(Path(sys.argv[1]), sys.argv[2]); "
-        "print('native' if n else 'numpy')"
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(tmp_path), cc],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
-    ]
-    for p in procs:  # both imported; now both build
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    outs = [p.communicate(timeout=240)[0].strip() for p in procs]
-    assert outs == ["native", "native"]
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == [
-        rowcopy.library_path(tmp_path, cc, rowcopy.SOURCE.read_bytes())
-    ]
-
-
-def test_the_c_source_ships_as_package_data() -> None:
-    """``pip install .`` (not editable) copies the C source: pyproject's package data
-    for ``kvtier`` names it (a wheel built from this tree was checked to hold it)."""
+def test_the_extension_is_built_at_install_time() -> None:
+    """``pyproject.toml`` declares the C loop as an optional extension of the package
+    (a wheel built from this tree was checked to hold it; without a compiler the
+    install succeeds without it)."""
     tomllib = pytest.importorskip("tomllib", reason="tomllib is in Python 3.11 and later")
     root = Path(__file__).resolve().parents[2]
     config = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
-    patterns = config["tool"]["setuptools"]["package-data"]["kvtier"]
-    relative = rowcopy.SOURCE.relative_to(root / "src" / "kvtier").as_posix()
-    assert any(fnmatch.fnmatch(relative, p) for p in patterns), (relative, patterns)
+    (ext,) = config["tool"]["setuptools"]["ext-modules"]
+    assert ext["name"] == rowcopy.EXTENSION
+    assert ext["sources"] == ["src/kvtier/worker/rowcopy.c"] and ext["optional"] is True
+    assert (root / ext["sources"][0]).is_file()

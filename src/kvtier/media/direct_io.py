@@ -70,7 +70,7 @@ def supports_direct_io(directory: Path) -> bool:
             os.write(fd, aligned_empty(ALIGNMENT).data)
         except OSError as e:
             # A full disk says nothing about O_DIRECT: buffered I/O is always correct
-            # (an engine restarted on a full disk must still start; issue 13's soak).
+            # (an engine restarted on a full disk must still start).
             if e.errno not in (errno.EINVAL, errno.ENOSPC, errno.EDQUOT):
                 raise
             return False

@@ -6,7 +6,8 @@ decides no eviction: a write that does not fit fails, and the scheduler side (wh
 owns the tier's policy) deletes blocks to make room.
 
 Blocks live in slots of segment files (layout in ``disk_layout``; which slot holds what
-in ``disk_slots``). Blocks written together get consecutive slots where possible and
+in ``disk_slots``; the open files in ``disk_files``; what an open finds in
+``disk_recovery``). Blocks written together get consecutive slots where possible and
 are written with one ``pwritev``; blocks read together that sit in consecutive slots
 are read with one ``preadv``, so the kernel sees one sequential stream, as ``dd`` gives
 it. A slot's index record is written after its bytes; every load verifies the slot's
@@ -18,8 +19,6 @@ the accounting is exact.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -34,31 +33,30 @@ from kvtier.errors import ConfigError, IntegrityError, TransferError
 from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike, Corruption
 from kvtier.media.direct_io import (
-    O_DIRECT,
     aligned_empty,
     is_aligned,
     pread_all,
     pwrite_all,
     supports_direct_io,
 )
+from kvtier.media.disk_files import SegmentFiles, check_free_space
 from kvtier.media.disk_layout import (
     EMPTY_RECORD,
     HEADER_REGION,
     LOCK_NAME,
     MAX_FINGERPRINT_BYTES,
     MAX_KEY_BYTES,
-    RECORD_BYTES,
     Slot,
     StoredBlock,
     block_file_size,
+    consecutive_runs,
     encode_record,
     fingerprint_dir,
-    index_path,
-    scan,
     segment_path,
     slot_offset,
     slots_per_segment,
 )
+from kvtier.media.disk_recovery import recover
 from kvtier.media.disk_slots import SlotTable
 from kvtier.media.forks import renew_after_fork
 
@@ -74,32 +72,6 @@ def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         return buf.reshape(-1).view(np.uint8)
     return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
-
-
-def check_free_space(path: str | os.PathLike[str], capacity_bytes: int, held: int | None) -> None:
-    """Raise ``ConfigError('disk_bytes_to_use')`` if ``capacity_bytes`` cannot fit at ``path``.
-
-    Costs one ``statvfs`` and allocates nothing, so a caller can run it before it
-    sizes anything from ``capacity_bytes``. ``held``: bytes this cache already holds
-    there (they count as available), or ``None`` before they are known: then the
-    check is against the whole file system's size, which no cache can exceed.
-
-    Raises:
-        ConfigError: naming ``disk_bytes_to_use``, with what is available.
-    """
-    vfs = os.statvfs(path)
-    if held is None:
-        available, where = vfs.f_blocks * vfs.f_frsize, " in the whole file system"
-    else:
-        available = vfs.f_bavail * vfs.f_frsize + held
-        where = f" (free space plus the {held} this cache holds)"
-    if capacity_bytes > available:
-        raise ConfigError(
-            "disk_bytes_to_use",
-            f"{capacity_bytes} bytes ({capacity_bytes / 2**30:.1f} GiB) asked but {path} has "
-            f"{available} ({available / 2**30:.1f} GiB) available{where}; "
-            "lower it or free space",
-        )
 
 
 class DiskStore:
@@ -137,8 +109,7 @@ class DiskStore:
         self._table = SlotTable(capacity_bytes)
         self._last_use: dict[bytes, int] = {}
         self._stale_use: set[bytes] = set()  # loaded since their record was written
-        self._fds: dict[tuple[int, int, bool], int] = {}  # (slot bytes, segment, direct)
-        self._index_fds: dict[int, int] = {}
+        self._files = SegmentFiles(directory)
         self._local = threading.local()
 
     def _after_fork(self) -> None:
@@ -232,64 +203,8 @@ class DiskStore:
         return store
 
     def _recover(self) -> None:
-        found: list[tuple[int, bytes, Slot]] = []
-        classes = scan(self.directory)
-        for size_class in classes:
-            self._table.grow(size_class.slot_bytes, size_class.slots)
-            for path in size_class.unreachable:
-                path.unlink(missing_ok=True)
-            for g, (key, last_use) in size_class.records.items():
-                found.append((last_use, key, Slot(size_class.slot_bytes, g)))
-        found.sort()
-        newest: dict[bytes, tuple[int, Slot]] = {}
-        for last_use, key, slot in found:  # a key in two slots: the later record wins
-            newest[key] = (last_use, slot)
-        order = sorted((use, key, slot) for key, (use, slot) in newest.items())
-        total = sum(slot.slot_bytes for _, _, slot in order)
-        while order and total > self.capacity_bytes:  # the capacity was lowered
-            total -= order.pop(0)[2].slot_bytes
-        for last_use, key, slot in order:
-            self._table.place(key, slot)
-            self._last_use[key] = last_use
-        kept = {slot for _, _, slot in order}
-        for _, _, slot in found:  # records of dropped or duplicate blocks
-            if slot not in kept:
-                self._write_record(slot, EMPTY_RECORD)
-        for size_class in classes:
-            self._shrink(size_class.slot_bytes)
-        self.recovered = tuple(
-            StoredBlock(key, held.slot_bytes, use)
-            for use, key, _ in order
-            if (held := self._table.lookup(key)) is not None
-        )
-
-    def _shrink(self, slot_bytes: int) -> None:
-        """Fit the slots of that size into the capacity: move blocks down, cut the files."""
-        limit, have = self._table.limit(slot_bytes), self._table.slots(slot_bytes)
-        if have <= limit:
-            return
-        for key, slot in self._table.held():
-            if slot.slot_bytes != slot_bytes or slot.index < limit:
-                continue
-            target = self._table.lowest_free(slot_bytes)
-            assert target is not None and target.index < limit, "the kept blocks fit"
-            buf = np.empty(slot_bytes, np.uint8)
-            pread_all(self._fd(slot, direct=False), [buf], slot_offset(slot)[1])
-            pwrite_all(self._fd(target, direct=False), [buf], slot_offset(target)[1])
-            self._write_record(target, encode_record(key, self._last_use[key]))
-            self._table.move(key, target)
-            self._write_record(slot, EMPTY_RECORD)
-        self._close_fds()
-        per = slots_per_segment(slot_bytes)
-        for seg in range(limit // per, -(-have // per)):
-            path = segment_path(self.directory, slot_bytes, seg)
-            keep = max(0, limit - seg * per) * slot_bytes
-            if keep:
-                os.truncate(path, keep)
-            else:
-                path.unlink(missing_ok=True)
-        os.ftruncate(self._index_fd(slot_bytes), limit * RECORD_BYTES)
-        self._table.shrink(slot_bytes, limit)
+        found = recover(self._files, self._table, self.capacity_bytes)
+        self._last_use, self.recovered = found.last_use, found.blocks
 
     # -- accounting ------------------------------------------------------------------
 
@@ -387,19 +302,19 @@ class DiskStore:
                 header = block_format.encode_header(k, self.fingerprint, d.data)
                 regions[i, : len(header)] = np.frombuffer(header, dtype=np.uint8)
                 regions[i, len(header) :] = 0
-            for run in self._runs(slots):
+            for run in consecutive_runs(slots):
                 direct = self.direct_io and all(is_aligned(datas[i]) for i in run)
                 buffers: list[np.ndarray] = []
                 for i in run:
                     buffers += [regions[i], datas[i]]
-                fd = self._fd(slots[run[0]], direct)
+                fd = self._files.fd(slots[run[0]], direct)
                 pwrite_all(fd, buffers, slot_offset(slots[run[0]])[1])
                 if self.fsync:
                     os.fdatasync(fd)
             for k, slot in zip(keys, slots, strict=True):
-                self._write_record(slot, encode_record(k, now), raise_errors=True)
+                self._files.write_record(slot, encode_record(k, now), raise_errors=True)
             if self.fsync:
-                os.fdatasync(self._index_fd(slot_bytes))
+                os.fdatasync(self._files.index_fd(slot_bytes))
             done = True
         except OSError as e:
             raise TransferError(f"disk write of block {names[0][:16]} failed: {e}") from e
@@ -408,7 +323,7 @@ class DiskStore:
                 for k, slot in zip(keys, slots, strict=True):
                     if done:  # the slot it held before is free: its record goes
                         if (old := self._table.commit(k, slot)) is not None:
-                            self._write_record(old, EMPTY_RECORD)
+                            self._files.write_record(old, EMPTY_RECORD)
                         self._last_use[k] = now
                         self._stale_use.discard(k)
                     else:
@@ -465,7 +380,7 @@ class DiskStore:
                 todo.append(i)
         regions = self._regions(len(keys))
         loaded: list[int] = []
-        for run in self._runs([slots[i] for i in todo]):
+        for run in consecutive_runs([slots[i] for i in todo]):
             idx = [todo[r] for r in run]
             first = slots[idx[0]]
             assert first is not None
@@ -475,7 +390,7 @@ class DiskStore:
             for i in idx:
                 buffers += [regions[i], dests[i]]
             try:
-                got = pread_all(self._fd(first, direct), buffers, slot_offset(first)[1])
+                got = pread_all(self._files.fd(first, direct), buffers, slot_offset(first)[1])
             except OSError as e:
                 for i in idx:
                     dests[i][:] = 0
@@ -514,18 +429,10 @@ class DiskStore:
         with self._mutex:
             slots = [self._table.lookup(k) for k in keys]
         groups: list[list[int]] = []
-        for i, slot in enumerate(slots):
-            prev = slots[i - 1] if i else None
-            if (
-                groups
-                and slot is not None
-                and prev is not None
-                and self._follows(prev, slot)
-                and (len(groups[-1]) + 1) * (slot.slot_bytes - HEADER_REGION) <= max_bytes
-            ):
-                groups[-1].append(i)
-            else:
-                groups.append([i])
+        for run in consecutive_runs(slots):
+            slot = slots[run[0]]
+            per = 1 if slot is None else max(1, max_bytes // (slot.slot_bytes - HEADER_REGION))
+            groups += [run[i : i + per] for i in range(0, len(run), per)]
         return groups
 
     def delete(self, key: bytes) -> bool:
@@ -536,7 +443,7 @@ class DiskStore:
                 return False
             self._last_use.pop(key, None)
             self._stale_use.discard(key)
-            self._write_record(slot, EMPTY_RECORD)
+            self._files.write_record(slot, EMPTY_RECORD)
         return True
 
     def close(self) -> None:
@@ -549,9 +456,9 @@ class DiskStore:
             for key in self._stale_use:
                 slot = self._table.lookup(key)
                 if slot is not None:
-                    self._write_record(slot, encode_record(key, self._last_use[key]))
+                    self._files.write_record(slot, encode_record(key, self._last_use[key]))
             self._stale_use.clear()
-            self._close_fds()
+            self._files.close()
         if fd is not None:
             os.close(fd)
 
@@ -561,25 +468,6 @@ class DiskStore:
         if not 1 <= len(key) <= MAX_KEY_BYTES:
             raise TransferError(f"a disk block key is 1..{MAX_KEY_BYTES} bytes, got {len(key)}")
         return key.hex()
-
-    @staticmethod
-    def _follows(prev: Slot, slot: Slot) -> bool:
-        return (
-            slot.slot_bytes == prev.slot_bytes
-            and slot.index == prev.index + 1
-            and slot_offset(slot)[0] == slot_offset(prev)[0]
-        )
-
-    def _runs(self, slots: Sequence[Slot | None]) -> list[list[int]]:
-        """Positions of ``slots`` in stretches of consecutive slots of one segment."""
-        out: list[list[int]] = []
-        for i, slot in enumerate(slots):
-            prev = slots[i - 1] if i else None
-            if out and slot is not None and prev is not None and self._follows(prev, slot):
-                out[-1].append(i)
-            else:
-                out.append([i])
-        return out
 
     def _reserve(self, slot_bytes: int, n: int, name: str) -> list[Slot]:
         """``n`` slots (mutex held), growing the segment files if that makes a run."""
@@ -602,57 +490,11 @@ class DiskStore:
         """Add the rest of the last segment, or a new one, up to the capacity's limit."""
         have, per = self._table.slots(slot_bytes), slots_per_segment(slot_bytes)
         target = min(self._table.limit(slot_bytes), (have // per + 1) * per)
-        seg = have // per
         try:
-            fd = self._fd(Slot(slot_bytes, have), direct=False)
-            try:
-                os.posix_fallocate(fd, 0, (target - seg * per) * slot_bytes)
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, (target - seg * per) * slot_bytes)
-            os.ftruncate(self._index_fd(slot_bytes), target * RECORD_BYTES)
+            self._files.grow(slot_bytes, have, target)
         except OSError as e:
             raise TransferError(f"disk write of block {name[:16]} failed: {e}") from e
         self._table.grow(slot_bytes, target)
-
-    def _fd(self, slot: Slot, direct: bool) -> int:
-        seg = slot_offset(slot)[0]
-        key = (slot.slot_bytes, seg, direct)
-        fd = self._fds.get(key)
-        if fd is None:
-            path = segment_path(self.directory, slot.slot_bytes, seg)
-            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (O_DIRECT if direct else 0)
-            fd = os.open(path, flags, 0o600)
-            if self._fds.setdefault(key, fd) != fd:  # another thread opened it first
-                os.close(fd)
-                fd = self._fds[key]
-        return fd
-
-    def _index_fd(self, slot_bytes: int) -> int:
-        fd = self._index_fds.get(slot_bytes)
-        if fd is None:
-            path = index_path(self.directory, slot_bytes)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            if self._index_fds.setdefault(slot_bytes, fd) != fd:
-                os.close(fd)
-                fd = self._index_fds[slot_bytes]
-        return fd
-
-    def _write_record(self, slot: Slot, record: bytes, raise_errors: bool = False) -> None:
-        try:
-            os.pwrite(self._index_fd(slot.slot_bytes), record, slot.index * RECORD_BYTES)
-        except OSError:
-            if raise_errors:
-                raise
-            # a record not cleared is a hint the next open may list; its load verifies
-
-    def _close_fds(self) -> None:
-        for fd in [*self._fds.values(), *self._index_fds.values()]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._fds.clear()
-        self._index_fds.clear()
 
     def _regions(self, n: int) -> np.ndarray:
         """``n`` aligned header regions of this thread, ``(n, HEADER_REGION)``."""
@@ -671,5 +513,5 @@ class DiskStore:
             if self._table.remove(key, slot) is not None:
                 self._last_use.pop(key, None)
                 self._stale_use.discard(key)
-                self._write_record(slot, EMPTY_RECORD)
+                self._files.write_record(slot, EMPTY_RECORD)
         return IntegrityError(f"block {key.hex()[:16]}: {error}", reason=error.reason)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,6 +116,29 @@ def slot_offset(slot: Slot) -> tuple[int, int]:
     """``(segment number, byte offset in it)`` of ``slot``."""
     per = slots_per_segment(slot.slot_bytes)
     return slot.index // per, (slot.index % per) * slot.slot_bytes
+
+
+def follows(prev: Slot, slot: Slot) -> bool:
+    """Whether ``slot`` comes right after ``prev`` in the same segment file (one read
+    or write can move both)."""
+    return (
+        slot.slot_bytes == prev.slot_bytes
+        and slot.index == prev.index + 1
+        and slot_offset(slot)[0] == slot_offset(prev)[0]
+    )
+
+
+def consecutive_runs(slots: Sequence[Slot | None]) -> list[list[int]]:
+    """Positions of ``slots`` in stretches of consecutive slots of one segment; a
+    ``None`` is a stretch of its own."""
+    out: list[list[int]] = []
+    for i, slot in enumerate(slots):
+        prev = slots[i - 1] if i else None
+        if out and slot is not None and prev is not None and follows(prev, slot):
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def encode_record(key: bytes, last_use_ns: int) -> bytes:

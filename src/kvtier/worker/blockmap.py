@@ -133,10 +133,9 @@ SMALL_JOB_ROWS = 32
 """Jobs of at most this many GPU blocks are checked on Python lists, larger ones with
 numpy: on a few dozen ids numpy's fixed cost per call (~1-2 us each, a dozen calls)
 is most of the work, while ``min``, ``max`` and a ``set`` on a list cost a fraction
-of a microsecond. Measured (``benchmarks/hostcopy_fixed.py --plan``, ``plan_rows``
-alone, list / numpy): 16 blocks 0.64, 32 blocks 0.70-0.84, 64 blocks 0.85 with
-block_size_factor 4 but 1.17 with factor 1 (one offloaded id per block: more
-Python per block); see ``docs/worker.md``."""
+of a microsecond. ``plan_rows`` alone, list / numpy time: 16 blocks 0.64, 32 blocks
+0.70-0.84, 64 blocks 0.85 with block_size_factor 4 but 1.17 with factor 1 (one
+offloaded id per block: more Python per block), hence 32."""
 
 
 def plan_rows(

@@ -6,9 +6,9 @@ A lane takes *enqueue functions* and reports each job once, in submission order.
   *enqueues* copies on a dedicated CUDA stream; events around it say when the job is
   done and how long it took. A function may return a ``pagecopy.Deferred``: its
   ``finish`` (host-side work on the copied bytes) runs in ``poll`` once the end event
-  has fired, before the job is reported. With ``wait_for_compute`` the copy stream first waits on
-  an event recorded on the caller's current stream, so a store never copies a block
-  before the forward pass that writes it has finished.
+  has fired, before the job is reported. With ``wait_for_compute`` the copy stream
+  first waits on an event recorded on the caller's current stream, so a store never
+  copies a block before the forward pass that writes it has finished.
 * ``ThreadLane`` (CPU tensors stand in for GPU memory): one worker thread runs the
   functions in submission order. The thread stands in for the stream; the queue
   hand-off orders the caller's earlier writes before the copy, the CPU analogue of
@@ -19,10 +19,10 @@ A lane takes *enqueue functions* and reports each job once, in submission order.
 Either way a function that raises, and a job submitted with an ``error``, become a
 failed ``TransferResult``; nothing is raised to the caller.
 
-A ``ThreadLane`` survives ``os.fork``: in the child it has new locks and a new doorbell
-(the parent's worker thread is not there, and a lock it held at the fork would stay
-held), reports the jobs queued or running at the fork failed, and starts a worker
-thread at the child's first submit. A ``CudaLane`` does nothing: CUDA cannot be used
+A ``ThreadLane`` survives ``os.fork``: in the child it has new locks (the parent's
+worker thread is not there, and a lock it held at the fork would stay held), reports
+the jobs queued or running at the fork failed, and starts a worker thread at the
+child's first submit. A ``CudaLane`` does nothing: CUDA cannot be used
 in a child forked after it was initialised.
 """
 
@@ -39,7 +39,6 @@ import torch
 
 from kvtier.interrupts import critical
 from kvtier.media.forks import renew_after_fork
-from kvtier.worker.doorbell import Doorbell, new_doorbell
 from kvtier.worker.handler import TransferResult
 from kvtier.worker.pagecopy import Deferred
 
@@ -61,23 +60,21 @@ class ThreadLane:
     That saves the two thread switches of a hand-off (~20-40 us on the development
     VM, as long as a small job's copy) exactly where a caller waits for it.
 
-    The worker thread sleeps on a ``doorbell`` (a job queued and not yet taken by a
-    runner, or the lane closed): ``submit`` rings it, a runner claims the job it pops.
-    The compiled doorbell lets the worker, woken by a submit whose job a waiting
-    caller has already claimed, go back to sleep without coming back into Python for
-    the GIL (which it would take from the caller in the middle of that job); see
-    ``kvtier.worker.doorbell``. Callers in ``wait`` sleep on ``_reported`` (a job
-    reported, or one queued while no one runs). A job's end wakes only callers: an
-    idle worker thread woken there would only take the GIL from the caller that ran
-    the job (measured with ``benchmarks/hostcopy_fixed.py``).
+    Two conditions on the lane's one lock: the worker thread sleeps on ``_queued``
+    (a job queued, or the lane closed; ``submit`` notifies it), callers in ``wait``
+    on ``_reported`` (a job reported, or one queued while no one runs). A job's end
+    wakes only callers: an idle worker thread woken there would only take the GIL
+    from the caller that ran the job. The worker woken by a submit whose job a
+    waiting caller takes first finds the queue empty and sleeps again; that wake
+    takes the GIL from the caller for a moment, which a small waited job pays (tens
+    of microseconds on a loaded 2-core machine, ``docs/decisions.md``).
     """
 
-    def __init__(self, name: str, doorbell: Doorbell | None = None) -> None:
-        """Start the worker thread ``name``; ``doorbell``: by default
-        ``doorbell.new_doorbell()`` (the compiled one where it is built)."""
+    def __init__(self, name: str) -> None:
+        """Start the worker thread ``name``."""
         self._lock = threading.Lock()
         self._reported = threading.Condition(self._lock)
-        self._bell = new_doorbell() if doorbell is None else doorbell
+        self._queued = threading.Condition(self._lock)
         self._queue: deque[tuple[int, EnqueueFn | None, str | None]] = deque()
         self._runner = threading.Lock()  # held while a job runs: jobs never overlap
         self._done: deque[TransferResult] = deque()
@@ -109,17 +106,15 @@ class ThreadLane:
                 self._start_worker()
             self._queue.append((job_id, fn, error))  # before ``_in_flight`` (``_after_fork``)
             self._in_flight.add(job_id)
-            self._bell.ring()
+            self._queued.notify()
             self._reported.notify_all()
 
-    def _run_next(self, by_waiter: bool) -> bool:
-        """Run the oldest queued job, if any; the caller holds ``_runner``
-        (``by_waiter``: a caller blocked in ``wait``, not the worker thread)."""
+    def _run_next(self) -> bool:
+        """Run the oldest queued job, if any; the caller holds ``_runner``."""
         with self._lock:
             if not self._queue:
                 return False
             job_id, fn, error = self._queue.popleft()
-            self._bell.claim(by_waiter)
         try:
             if fn is None:
                 result = TransferResult.failed(job_id, error or "refused")
@@ -140,13 +135,15 @@ class ThreadLane:
         return True
 
     def _run(self) -> None:
-        # the bell returns False once closed with nothing queued: everything has run
-        while self._bell.sleep():
+        while True:
             with self._lock:
-                if not self._queue:
-                    continue  # a waiting caller took the job since the bell woke us
+                # a waiting caller may take the job between the wake and this check
+                while not self._queue:
+                    if self._closed:
+                        return  # closed with nothing queued: everything has run
+                    self._queued.wait()
             with self._runner:
-                self._run_next(by_waiter=False)
+                self._run_next()
 
     def poll(self) -> list[TransferResult]:
         """Jobs finished since the last poll, in submission order."""
@@ -169,7 +166,7 @@ class ThreadLane:
             with critical:
                 if self._runner.acquire(blocking=False):
                     try:
-                        ran = self._run_next(by_waiter=True)
+                        ran = self._run_next()
                     finally:
                         self._runner.release()
                     if ran:
@@ -188,7 +185,7 @@ class ThreadLane:
             if self._closed:
                 return
             self._closed = True
-            self._bell.close()
+            self._queued.notify_all()
             self._reported.notify_all()
         if self._thread is not None:
             self._thread.join()
@@ -197,19 +194,19 @@ class ThreadLane:
         # behind the earlier ones: closing returns once every queued job is reported
         # and none runs
         with self._runner:
-            while self._run_next(by_waiter=False):
+            while self._run_next():
                 pass
 
     def _after_fork(self) -> None:
         """In a child forked from this process (``media/forks``), before anything else
-        runs there: new locks and doorbell; the jobs queued or running at the fork are
+        runs there: new locks and conditions; the jobs queued or running at the fork are
         reported failed (they ran in the parent, in part or not at all, and their
         results are the parent's), after the reports already due; no worker thread
         until the next submit."""
         self._lock = threading.Lock()
         self._reported = threading.Condition(self._lock)
+        self._queued = threading.Condition(self._lock)
         self._runner = threading.Lock()
-        self._bell = self._bell.renewed()
         queued = [job_id for job_id, _, _ in self._queue]
         reported = {result.job_id for result in self._done}
         # in flight, neither queued nor reported: the one job running (``submit`` queues

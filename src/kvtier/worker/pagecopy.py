@@ -3,23 +3,16 @@
 Both copiers take a validated ``RowPlan`` and issue a few batched calls per job, never
 one call per block per layer:
 
-* ``HostPageCopier`` (both sides in host memory: the CPU stand-in). By default ONE
-  call per job into the compiled row copier (``rowcopy``, ``worker/rowcopy.c``):
-  every (row, fragment) moves straight from source row to destination row, one pass,
-  no temporary, no Python per row; jobs of ``rowcopy.STREAM_MIN_BYTES`` (2 MiB) and
-  more write with non-temporal stores; the next row's pages are prefetched a row
-  ahead. Every row is bounds-checked (in C, before anything is copied; a bad plan
-  raises ``TransferSpecError``). Measured side by side with the numpy fallback below (one
-  thread, CPU time, cold caches, 2 layers, random ids, store / load ÷ a one-thread
-  plain copy; ``benchmarks/hostcopy_ab.py``,
-  ``benchmarks/results/hostcopy-ab-vm-20261123T2018Z-loaded.json``, load 3.6-3.8):
-  8 KiB x 256 0.83 / 1.02 against 0.49 / 0.49; 8 KiB x 4096 0.75 / 1.08 against
-  0.39 / 0.39; 16 KiB x 256 1.16 / 1.42 against 0.67 / 0.65; 64 KiB x 256 1.34 /
-  1.45 against 0.94 / 0.93; 256 KiB x 256 1.43 / 1.46 against 1.00 / 1.00.
+* ``HostPageCopier`` (both sides in host memory: the CPU stand-in). Where the
+  extension is built (``rowcopy``), ONE call per job into the C row copier: every
+  (row, fragment) moves straight from source row to destination row, one pass, no
+  temporary, no Python per row; jobs of ``rowcopy.STREAM_MIN_BYTES`` (2 MiB) and more
+  write with non-temporal stores. Every row is bounds-checked before anything is
+  copied (a bad plan raises ``TransferSpecError``).
 
-  The numpy fallback (no C compiler, a failed build, or ``KVTIER_NATIVE_COPY=0``;
-  ``kind`` says which runs). Every fragment and the slab are also read as numpy
-  arrays of *rows* (one ``void`` item per page or fragment, ``row_items``), so a
+  The numpy fallback (the extension not built, or ``KVTIER_NATIVE_COPY=0``; ``kind``
+  says which runs) moves the same bytes. Every fragment and the slab are also read as
+  numpy arrays of *rows* (one ``void`` item per page or fragment, ``row_items``), so a
   gather or a scatter (fancy indexing) is one ``memcpy`` per row. Every call moves at
   most ``CHUNK_BYTES`` of one fragment, so the temporary numpy gathers into stays in
   cache.
@@ -31,7 +24,7 @@ one call per block per layer:
     the rows between fragment and slab (``slab_col[c] = frag[g]`` for a store, the
     reverse for a load): numpy gathers into a chunk-sized temporary that stays in
     cache, then scatters it (two passes: no numpy or torch primitive copies scattered
-    rows to scattered rows in one).
+    rows to scattered rows in one, which is why the C loop exists).
   - By row (every fragment at least ``ROW_COPY_MIN_BYTES``, 32 KiB): one
     ``np.copyto`` per fragment row, straight from source row to destination row,
     runs or not: large rows amortise the call, and cross the cache once.
@@ -44,9 +37,9 @@ one call per block per layer:
   the slab on the host before a load, scattered into the slab after a store
   (``finish``, run by the lane once the copy is done). Link transfers are therefore
   as large as the job, never per-page. The host side of that path (``SlabRows``)
-  moves whole pages between the slab and the bounce buffer in one call of the
-  compiled row copier (bounds checked in C, non-temporal stores from 2 MiB), or with
-  numpy where it is not built; it runs on CPU tensors too, so CPU tests check it.
+  moves whole pages between the slab and the bounce buffer in one call of the C row
+  copier, or with numpy where it is not built; it runs on CPU tensors too, so CPU
+  tests check it.
 
 Copies go through the widest word dtype that tiles the pages (``kv_view.word_dtype``)
 on the GPU, and through whole rows on the host.
@@ -134,8 +127,8 @@ class HostPageCopier:
     """Copies between host-resident fragments and the slab, in the calling thread.
 
     Attributes:
-        kind: ``"native"`` (the compiled row copier, one call per job) or ``"numpy"``
-            (the fallback: no compiler, or ``KVTIER_NATIVE_COPY=0``).
+        kind: ``"native"`` (the C row copier, one call per job) or ``"numpy"``
+            (the fallback: the extension not built, or ``KVTIER_NATIVE_COPY=0``).
     """
 
     def __init__(self, gpu_frags: Sequence[torch.Tensor], slab_sub: torch.Tensor) -> None:
@@ -225,7 +218,8 @@ class SlabRows:
     device-to-host copy into the bounce buffer, ``gather`` before a load's host-to-device
     copy from it. One call of the compiled row copier per job, through one route per
     direction built on first use and pointed at each job's own buffer for the call
-    (``RowRoute.copy(through=...)``), or numpy row items where it is not built. Rows are
+    (``RowRoute.copy(through=...)``: building a route costs ~20-40 us), or numpy row
+    items where the extension is not built. Rows are
     checked against the slab before anything is copied.
 
     Attributes:

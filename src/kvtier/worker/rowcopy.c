@@ -1,4 +1,9 @@
-/* kvtier's compiled row copy loop (see rowcopy.py, which builds, loads and calls it).
+/* kvtier's row copy loop, built at install time as the file of the extension module
+   kvtier.worker._rowcopy (pyproject.toml declares the build, optional: without a C
+   compiler kvtier installs without it and the host copies run on numpy, byte for byte
+   the same). A plain C library with no Python API, so that building it needs a C
+   compiler and libc only, not Python's headers: rowcopy.py finds the file by the
+   module's name and opens it with ctypes; nothing imports it as a module.
 
    One call copies one job: for each row i, for each fragment f,
        frag_bytes[f] bytes
@@ -13,8 +18,8 @@
    Before copying a row, one cache line in every 4 KiB page of the next row's source
    and destination is prefetched: with scattered rows the hardware prefetchers stop
    at page boundaries and each new page costs a page walk; touching the pages a row
-   ahead overlaps that latency with the current copy (measured: 8 KiB rows, 4096
-   scattered, cold caches: store 6.8 -> 8.4 GB/s, load 9.5 -> 12.0).
+   ahead overlaps that latency with the current copy (8 KiB rows, 4096 scattered,
+   cold caches: store 6.8 -> 8.4 GB/s, load 9.5 -> 12.0).
 
    stream != 0 (the caller asks for it on jobs much larger than the caches): the
    destination is written with non-temporal stores, 16 bytes at a time, as glibc's
@@ -27,11 +32,10 @@
    bytes of the first, then of the second, ..., then the next 256 of the first. A
    store reads its fragments from WAYS different tensors, each row a few KiB at a
    random place; copied one after the other, the reads of one fragment wait on memory
-   alone, while interleaved the WAYS read streams are in flight together (measured:
-   8 KiB rows, 4 fragments, 4096 scattered rows, cold caches, CPU time: store 15.8 ->
-   12.2 ms, load 11.2 -> 10.9 ms; WAYS 8 no better; see docs/worker.md). Each
-   fragment's unaligned head and sub-64-byte tail are copied once, with memmove,
-   before the interleaved bodies.
+   alone, while interleaved the WAYS read streams are in flight together (8 KiB rows,
+   4 fragments, 4096 scattered rows, cold caches, CPU time: store 15.8 -> 12.2 ms,
+   load 11.2 -> 10.9 ms; WAYS 8 no better). Each fragment's unaligned head and
+   sub-64-byte tail are copied once, with memmove, before the interleaved bodies.
 
    Every row index is checked here, against each side's row count, before anything is
    copied (a wrong index would write out of bounds); the fragment table is checked
@@ -45,35 +49,20 @@
    kind; ctypes converts each argument on every call, ~0.3 us apiece.
 
    Called through ctypes.CDLL, which releases the GIL for the call: two handler lanes
-   copy at once. Nothing here touches Python.
+   copy at once. Nothing here touches Python. */
 
-   The doorbell (kvtier_bell_*, at the end; used by doorbell.py) is where a lane's
-   worker thread sleeps: in C, GIL released, until a job is queued and not yet claimed
-   by a runner, or the lane is closed. A caller that runs the job itself (blocked in
-   wait) claims it first, so the worker, woken by the submit, finds nothing unclaimed
-   and sleeps again without coming back into Python for the GIL. A worker woken with
-   a job unclaimed leaves it grace_ns to a caller about to claim it (yielding the CPU,
-   which it often shares with that caller just after the wake) before it returns. */
-
-#include <pthread.h>
-#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 #define KVTIER_ROWCOPY_ABI 5
 #define PAGE 4096
-#ifndef WAYS
-#define WAYS 4 /* fragments streamed at once */
-#endif
-#ifndef STEP
+#define WAYS 4   /* fragments streamed at once */
 #define STEP 256 /* bytes of one fragment before the next one's */
-#endif
 
 int64_t kvtier_rowcopy_abi(void) { return KVTIER_ROWCOPY_ABI; }
 
@@ -204,140 +193,4 @@ static void copy_rows(const struct kvtier_route *r, int64_t n_rows, int32_t stre
 #if defined(__SSE2__)
     if (stream) _mm_sfence();
 #endif
-}
-
-/* A lane's doorbell. unclaimed counts the jobs queued that no runner has taken yet
-   (doorbell.py keeps it equal to the lane's queue length: ring with each append,
-   claim with each pop, both under the lane's lock). */
-struct kvtier_bell {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int64_t unclaimed; /* atomic: rings add under mu, claims subtract without it */
-    int64_t grace_ns;
-    int32_t graced; /* atomic: the last claim was a waiting caller's (grace only then) */
-    int32_t closed;
-    int32_t sleepers; /* threads waiting on cv: ring signals only when there are any */
-};
-
-void *kvtier_bell_new(int64_t grace_ns) {
-    struct kvtier_bell *b = calloc(1, sizeof *b);
-    if (b == NULL) return NULL;
-    b->grace_ns = grace_ns;
-    if (pthread_mutex_init(&b->mu, NULL) != 0) {
-        free(b);
-        return NULL;
-    }
-    if (pthread_cond_init(&b->cv, NULL) != 0) {
-        pthread_mutex_destroy(&b->mu);
-        free(b);
-        return NULL;
-    }
-    return b;
-}
-
-/* Only once no thread can use the bell any more (doorbell.py: when its owner is gone). */
-void kvtier_bell_free(void *bell) {
-    struct kvtier_bell *b = bell;
-    pthread_cond_destroy(&b->cv);
-    pthread_mutex_destroy(&b->mu);
-    free(b);
-}
-
-/* A job was queued: one more unclaimed; wakes the sleeper, if one sleeps. */
-void kvtier_bell_ring(void *bell) {
-    struct kvtier_bell *b = bell;
-    pthread_mutex_lock(&b->mu);
-    __atomic_add_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
-    int32_t wake = b->sleepers > 0;
-    pthread_mutex_unlock(&b->mu);
-    if (wake) pthread_cond_signal(&b->cv);
-}
-
-/* A runner took a job off the queue: one fewer unclaimed. No lock: the worker may be
-   spinning on the count (the grace), and would take mu the moment it drops; a claim
-   holding mu then made it sleep on mu and the caller pay a futex wake to release it.
-   A sleeper that misses a claim only wakes for nothing; one that sees a claim sees
-   the ring before it (one atomic variable: one modification order). by_waiter: the
-   runner is a caller blocked in wait, not the sleeper; the grace is given only while
-   the lane's last job was claimed that way, so a lane whose jobs nobody waits for
-   (stores an engine polls for) starts each at once: under CPU load one sched_yield
-   of the grace can last a scheduler slice (milliseconds). */
-void kvtier_bell_claim(void *bell, int32_t by_waiter) {
-    struct kvtier_bell *b = bell;
-    __atomic_store_n(&b->graced, by_waiter != 0, __ATOMIC_RELAXED);
-    __atomic_sub_fetch(&b->unclaimed, 1, __ATOMIC_ACQ_REL);
-}
-
-/* Blocks until a job is unclaimed (returns 1) or the bell is closed with none
-   unclaimed (returns 0). Wakes with nothing unclaimed (a caller claimed the job
-   first, or a spurious wake-up) sleep again here, never returning. */
-static int64_t unclaimed(struct kvtier_bell *b) {
-    return __atomic_load_n(&b->unclaimed, __ATOMIC_ACQUIRE);
-}
-
-static int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
-int32_t kvtier_bell_sleep(void *bell) {
-    struct kvtier_bell *b = bell;
-    int32_t job;
-    pthread_mutex_lock(&b->mu);
-    for (;;) {
-        int32_t slept = 0;
-        while (unclaimed(b) <= 0 && !b->closed) {
-            b->sleepers++;
-            pthread_cond_wait(&b->cv, &b->mu);
-            b->sleepers--;
-            slept = 1;
-        }
-        /* Claims do not take mu: the count can drop to 0 between the loop's test and
-           this one. Only a closed bell may return 0 (the sleeper then leaves for
-           good); an open one whose job was claimed meanwhile sleeps again. */
-        if (unclaimed(b) <= 0) {
-            if (b->closed) {
-                job = 0;
-                break;
-            }
-            continue;
-        }
-        if (!slept || b->closed || b->grace_ns <= 0 ||
-            !__atomic_load_n(&b->graced, __ATOMIC_RELAXED)) {
-            job = 1; /* may be claimed by now: the lane rechecks its queue */
-            break;
-        }
-        /* woken by a ring: give a caller about to wait the grace to claim the job */
-        pthread_mutex_unlock(&b->mu);
-        int64_t end = now_ns() + b->grace_ns;
-        while (unclaimed(b) > 0 && now_ns() < end) {
-            sched_yield(); /* the caller may share this CPU: let it run and claim */
-        }
-        pthread_mutex_lock(&b->mu);
-        if (unclaimed(b) > 0) {
-            job = 1;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&b->mu);
-    return job;
-}
-
-/* No more rings: a sleeper returns once nothing is unclaimed. Idempotent. */
-void kvtier_bell_close(void *bell) {
-    struct kvtier_bell *b = bell;
-    pthread_mutex_lock(&b->mu);
-    b->closed = 1;
-    pthread_mutex_unlock(&b->mu);
-    pthread_cond_broadcast(&b->cv);
-}
-
-/* Jobs rung and not yet claimed (for tests: it mirrors the lane's queue length). */
-int64_t kvtier_bell_unclaimed(void *bell) { return unclaimed(bell); }
-
-/* Whether a woken sleeper would give the grace now (for tests). */
-int32_t kvtier_bell_graced(void *bell) {
-    struct kvtier_bell *b = bell;
-    return __atomic_load_n(&b->graced, __ATOMIC_RELAXED);
 }

@@ -1,60 +1,51 @@
-"""The compiled row copy loop: build ``rowcopy.c`` once, load it, call it once per job.
+"""The compiled row copy loop: load the extension built at install time, call it per job.
 
 Runs in the worker process, in the handler lane's thread (the CPU stand-in of the
-GPU<->CPU copies, ``pagecopy.HostPageCopier``). numpy and torch have no primitive that
-copies a set of scattered rows to another set of scattered rows in one pass, and one
-Python call per row costs as much as copying an 8 KiB row (``docs/worker.md``). The C
-loop does exactly that: one ``memmove`` per row and fragment, one call per job.
+GPU<->CPU copies, ``pagecopy.HostPageCopier``) and, on a GPU, in the threads that
+submit to and poll a lane (``pagecopy.SlabRows``, the host side of scattered jobs).
+numpy and torch have no primitive that copies a set of scattered rows to another set
+of scattered rows in one pass: numpy's fancy indexing and torch's ``index_select`` /
+``index_copy_`` gather into a temporary first, and one Python call per row costs as
+much as copying an 8 KiB row. The C loop (``rowcopy.c``) does it in one pass: one
+``memmove`` per row and fragment, one call per job. Whole handler jobs of 16 blocks
+and more run at 1.0-2.8x the numpy copier's GB/s (``docs/worker.md``).
 
-Building: on first use in a process, the system C compiler (``$CC``, else ``cc``)
-compiles the source shipped in this package with ``-O2 -shared -fPIC -pthread`` into a cache
-directory (``$KVTIER_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/kvtier/native``, else
-``~/.cache/kvtier/native``), under a subdirectory named by a digest of the source,
-the compiler command, the flags and the platform. The build writes a temporary file
-in that directory and renames it into place (atomic), so processes that build at
-once each end with a whole library. A cached library that will not load is rebuilt.
+Building: ``rowcopy.c`` is compiled when kvtier is installed, as the file of the
+extension module ``kvtier.worker._rowcopy`` (``pyproject.toml``; optional, so an
+install without a C compiler succeeds without it). It is a plain C library, no
+Python API (a C compiler and libc build it, no Python headers): the import system
+finds its file by the module's name, ``ctypes`` opens it, nothing imports it.
+Nothing is compiled at run time.
 
-Falling back: with no compiler, a failed build, a library that does not load or that
-fails its self-test, ``native_row_copier()`` logs one warning and returns ``None``;
-the caller then copies with numpy (correct, slower). ``KVTIER_NATIVE_COPY=0`` asks
-for the fallback outright.
+Falling back: with the extension not built, or one that reports another ABI or fails
+its self-test (a library left from older source), ``native_row_copier()`` logs one
+warning and returns ``None``; the caller then copies with numpy (the same bytes,
+slower). ``KVTIER_NATIVE_COPY=0`` asks for the fallback outright.
 
 Safety: every call checks every row against its side's row count before it copies
 anything (a wrong index would write out of bounds): ``RowRoute.copy`` checks that the
 row arrays are 1-D and of one length, and the C function checks each row (one
-unsigned compare per row, in the same call, before any copy; a Python ``max`` per
-side cost ~1.5 us of a 16-row job). A bad plan raises ``TransferSpecError`` and
-nothing is copied.
+unsigned compare per row, in the same call, before any copy). A bad plan raises
+``TransferSpecError`` and nothing is copied.
 
 Per job, one call of three arguments: everything fixed about a route (fragment
 tables, row counts, the addresses of its two row buffers) sits in one C struct built
 once; the job's rows are copied into the route's buffers (no per-job address look-up:
 numpy's ``.ctypes.data`` costs ~1.5 us).
 
-Threads: the library is loaded with ``ctypes.CDLL``, whose calls release the GIL
+Threads: the library is opened with ``ctypes.CDLL``, whose calls release the GIL
 (``ctypes.PyDLL`` would hold it), so the store lane and the load lane copy at once.
-
-The same library holds the lanes' doorbell (``kvtier_bell_*``), which
-``kvtier.worker.doorbell`` binds from ``NativeRowCopier.path``: one build, one switch
-(``KVTIER_NATIVE_COPY=0`` also means the pure-Python doorbell).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
+import importlib.util
 import logging
 import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -64,20 +55,16 @@ from kvtier.media.forks import renew_after_fork
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("rowcopy.c")
-CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
+EXTENSION = "kvtier.worker._rowcopy"
 ABI = 5
-"""What ``kvtier_rowcopy_abi()`` returns for the signatures this module and
-``doorbell`` call (4: the lanes' doorbell, ``kvtier_bell_*``, added; 5: its claim
-says whether a waiting caller claimed)."""
+"""What ``kvtier_rowcopy_abi()`` returns for the signatures this module calls; changed
+with them, so that a library built from older source is refused."""
 SWITCH_ENV = "KVTIER_NATIVE_COPY"
-CACHE_ENV = "KVTIER_NATIVE_CACHE"
-BUILD_TIMEOUT_S = 120
 STREAM_MIN_BYTES = 2 << 20
 """Jobs of at least this many bytes write their destination with non-temporal stores
-(it would not stay in the caches anyway; measured in ``docs/worker.md``). 2 MiB, not
-1: from cold caches a 1 MiB job streams no faster, and in the bench's own sequence a
-1 MiB job (16 KiB x 16) copied with ``memmove`` took ~25% less time."""
+(it would not stay in the caches anyway). From cold caches streaming is equal at
+512 KiB, equal or faster at 2 MiB and faster from 8 MiB; a 1 MiB job (16 KiB x 16)
+copied with ``memmove`` took ~25% less time than streamed, hence 2 MiB, not 1."""
 
 _I64P = ctypes.POINTER(ctypes.c_int64)
 _UPTRP = ctypes.POINTER(ctypes.c_size_t)  # uintptr_t: pointer-sized, unsigned
@@ -103,7 +90,7 @@ class _Route(ctypes.Structure):
 class NativeRowCopier:
     """The loaded library (one per process, shared by every copier)."""
 
-    def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
+    def __init__(self, lib: ctypes.CDLL, path: str) -> None:
         self.path = path
         fn = lib.kvtier_copy_rows
         fn.restype = ctypes.c_int64
@@ -275,118 +262,60 @@ def _row_stride(view: torch.Tensor) -> int:
 def native_row_copier() -> NativeRowCopier | None:
     """The process's compiled copier, or ``None`` for the numpy fallback.
 
-    ``None`` when ``KVTIER_NATIVE_COPY`` is ``0`` (asked for), or when the library
-    cannot be built or loaded (one warning per cache directory and compiler). The
-    result is cached per process for the current ``$CC`` and cache directory.
+    ``None`` when ``KVTIER_NATIVE_COPY`` is ``0`` (asked for), or when the extension
+    is not built or unusable (one warning per process, saying why).
     """
     if os.environ.get(SWITCH_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
-    return _load_cached(str(cache_root()), os.environ.get("CC") or "cc")
-
-
-def cache_root() -> Path:
-    """Where built libraries are kept (see the module docstring)."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        home = os.path.expanduser("~")  # "~" itself when there is no home directory
-        base = os.path.join(home if home != "~" else tempfile.gettempdir(), ".cache")
-    return Path(base) / "kvtier" / "native"
+    return _load_once(EXTENSION)
 
 
 @functools.cache
-def _load_cached(cache: str, cc: str) -> NativeRowCopier | None:
-    return load_row_copier(Path(cache), cc)
+def _load_once(module: str) -> NativeRowCopier | None:
+    return load_row_copier(module)
 
 
-def library_path(cache: Path, cc: str, source: bytes) -> Path:
-    """The library built from ``source`` by ``cc`` on this platform, in ``cache``."""
-    key = hashlib.sha256()
-    for part in (source, cc.encode(), " ".join(CFLAGS).encode(), _platform_tag().encode()):
-        key.update(len(part).to_bytes(8, "little") + part)
-    return cache / key.hexdigest()[:24] / "rowcopy.so"
-
-
-def _platform_tag() -> str:
-    return f"{sys.platform}-{platform.machine()}-{ctypes.sizeof(ctypes.c_void_p) * 8}"
-
-
-def load_row_copier(cache: Path, cc: str) -> NativeRowCopier | None:
-    """Load the library from ``cache``, building it with ``cc`` first when needed.
+def load_row_copier(module: str = EXTENSION) -> NativeRowCopier | None:
+    """Open the library of the extension ``module`` and self-test it.
 
     Never raises: on any failure logs a warning saying why and what the copies do
     instead, and returns ``None``.
     """
-    copier, why = _load(cache, cc)
+    copier, why = _open(module)
     if copier is None:
         logger.warning(
             "kvtier: the compiled row copier is unavailable (%s); host copies use numpy "
-            "(correct, slower for small pages)",
+            "(the same bytes, slower for small pages)",
             why,
         )
     return copier
 
 
-def _load(cache: Path, cc: str) -> tuple[NativeRowCopier | None, str]:
+def _open(module: str) -> tuple[NativeRowCopier | None, str]:
+    """``(copier, "")`` or ``(None, why)``."""
     try:
-        source = SOURCE.read_bytes()
-    except OSError as exc:
-        return None, f"its source is missing ({exc})"
-    path = library_path(cache, cc, source)
-    if path.exists():
-        copier, why = _open(path)
-        if copier is not None:
-            return copier, ""
-        logger.info("kvtier: cached row copier %s is unusable (%s); rebuilding", path, why)
-    command = shlex.split(cc)
-    if not command or shutil.which(command[0]) is None:
-        return None, f"no C compiler: {cc!r} is not on PATH (set CC or install gcc)"
-    failed = _build(command, path)
-    if failed is not None:
-        return None, failed
-    copier, why = _open(path)
-    if copier is None:
-        return None, f"the library built at {path} is unusable ({why})"
-    return copier, ""
-
-
-def _build(command: list[str], path: Path) -> str | None:
-    """Compile into ``path`` through a temporary file and a rename; ``None`` or why not."""
+        spec = importlib.util.find_spec(module)
+    except ImportError as exc:
+        spec, why = None, f" ({exc})"
+    else:
+        why = ""
+    path = spec.origin if spec is not None else None
+    if path is None:
+        return None, (
+            f"{module} is not built{why}: kvtier was installed without a C compiler; "
+            "reinstall it with one (e.g. gcc) to build it"
+        )
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".rowcopy-", suffix=".so")
-        os.close(fd)
-    except OSError as exc:
-        return f"cannot write to {path.parent} ({exc})"
-    argv = [*command, *CFLAGS, "-o", tmp, str(SOURCE)]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip()[-500:]
-            return f"{shlex.join(argv)} exited with {proc.returncode}: {tail}"
-        os.replace(tmp, path)
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"{shlex.join(argv)} failed ({exc})"
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _open(path: Path) -> tuple[NativeRowCopier | None, str]:
-    """Load and self-test the library at ``path``: ``(copier, "")`` or ``(None, why)``."""
-    try:
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(path)
         abi = lib.kvtier_rowcopy_abi
         abi.restype, abi.argtypes = ctypes.c_int64, []
         if abi() != ABI:
-            return None, f"ABI {abi()} where {ABI} is expected"
+            return None, f"{path} reports ABI {abi()} where {ABI} is expected: rebuild it"
         copier = NativeRowCopier(lib, path)
     except (OSError, AttributeError) as exc:
-        return None, str(exc)
+        return None, f"{path}: {exc}"
     if not _self_test(copier):
-        return None, "its self-test copied the wrong bytes"
+        return None, f"{path} copied the wrong bytes in its self-test: rebuild it"
     return copier, ""
 
 
