@@ -528,13 +528,14 @@ def test_spec_checks_the_disk_size_before_building_the_disk_index(
 ) -> None:
     """A typo of 100 TiB answers at once with the key; no slot table is sized."""
     import kvtier.offloading_spec as spec_module
+    import kvtier.tiers as tiers_module
     from kvtier.keys import ModelFingerprint
 
     def recording(*args: object, **kwargs: object) -> object:
         # Before the fix this built a 400-million-slot free list and was OOM-killed.
         raise AssertionError(f"the disk index was sized first: {kwargs.get('num_blocks')} slots")
 
-    monkeypatch.setattr(spec_module, "TierManager", recording)
+    monkeypatch.setattr(tiers_module, "TierManager", recording)
     fingerprint = ModelFingerprint("m", "float16", "L1xH1xD8", 4)
     geometry = spec_module.KVGeometry(
         gpu_block_size=4, page_bytes=64 * 1024, fingerprint=fingerprint
