@@ -503,7 +503,7 @@ def test_an_idle_connection_is_readable_only_when_closed_or_out_of_step() -> Non
         assert redis_client.readable(a)
 
 
-# -- found in review ----------------------------------------------------------------
+# -- regressions: each once broke the loop -----------------------------------------
 
 
 def test_the_store_closed_under_the_loop_fails_nothing_and_the_thread_goes_on(

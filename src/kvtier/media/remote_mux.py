@@ -31,10 +31,9 @@ logger = logging.getLogger("kvtier.media.remote")
 
 STORE_WINDOW_BYTES = 768 << 10
 """Value bytes of ``SET`` a connection keeps outstanding (at least one value): three
-values of 256 KiB, one of 512 KiB or more. At 1 MiB (four of 256 KiB, two of 512 KiB)
-both the client and the server spent more CPU per GB and stores ran slower: 256 KiB
-stores 0.64-0.74 of ``redis-benchmark`` against 0.90-1.03 at 768 KiB in five runs
-side by side (``docs/remote.md``)."""
+values of 256 KiB, one of 512 KiB or more. A deeper window makes both the client and
+the server spend more CPU per GB (the server holds more replies out of its caches),
+and stores run slower (``docs/decisions.md``)."""
 DELETE_WINDOW = 64
 """``DEL`` requests a connection keeps outstanding (each a few dozen bytes)."""
 _GET = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n"

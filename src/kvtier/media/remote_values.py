@@ -188,7 +188,7 @@ def get_window(value_bytes: int) -> int:
     connection's reply buffers, and writes them out as the socket takes them: a batch
     of 8 values of 256 KiB held 2 MiB per connection in the server's buffers, long out
     of its caches by the time they were written. With one or two requests outstanding
-    the server's CPU per GB fell by a quarter (``docs/remote.md``).
+    the server's CPU per GB falls by a quarter (``docs/decisions.md``).
     """
     return max(1, WINDOW_BYTES // max(1, value_bytes))
 
