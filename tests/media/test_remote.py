@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError, TransferError
 from kvtier.media import block_format
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+from kvtier.media.remote_options import Endpoint, redacted_url
 
 from ..forking import held_by_another_thread, run_in_forked_child
 from ..redis_server import RedisServer
@@ -438,3 +440,64 @@ def test_a_child_forked_while_the_parent_probes_the_store_probes_it_itself(
         breaker.record_success()
     finally:
         s.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "fields"),
+    [
+        ("redis://h", (False, "h", 6379, None, 0, None, None)),
+        (
+            "rediss://alice:p%40ss@10.0.0.2:7000/3",
+            (True, "10.0.0.2", 7000, None, 3, "alice", "p@ss"),
+        ),
+        ("redis://bob@[::1]:6380/", (False, "::1", 6380, None, 0, "bob", None)),
+        ("unix:///run/redis.sock?db=2", (False, None, 0, "/run/redis.sock", 2, None, None)),
+        ("unix://:pw@/run/redis.sock", (False, None, 0, "/run/redis.sock", 0, None, "pw")),
+    ],
+)
+def test_a_url_names_its_endpoint(url: str, fields: tuple[object, ...]) -> None:
+    e = Endpoint.parse(url)
+    assert (e.tls, e.host, e.port, e.path, e.db, e.username, e.password) == fields
+
+
+def test_credentials_are_left_out_of_the_options_repr() -> None:
+    shown = repr(RemoteOptions(url="rediss://alice:s3cret@h:1/2", tls_ca_file="ca.pem"))
+    assert "s3cret" not in shown and "alice" not in shown
+    assert "url='rediss://h:1/2'" in shown and "tls_ca_file='ca.pem'" in shown
+    assert redacted_url("unix://:pw@/run/r.sock?db=1") == "unix:///run/r.sock"
+
+
+def test_options_from_a_configuration_carry_every_remote_key() -> None:
+    cfg = OffloadingConfig.from_dict(
+        {
+            "cpu_bytes_to_use": "1MiB",
+            "remote_url": "rediss://h:1/2",
+            "remote_timeout_s": 2.5,
+            "remote_password_env": "PW",
+            "remote_io_threads": 3,
+            "remote_ttl_s": 9.0,
+            "remote_tls_ca_file": "ca.pem",
+            "remote_tls_cert_file": "client.pem",
+            "remote_tls_key_file": "client.key",
+            "remote_backoff_s": 0.25,
+        }
+    )
+    o = RemoteOptions.from_config(cfg)
+    got = (o.url, o.cluster, o.timeout_s, o.password_env, o.ttl_s, o.max_connections)
+    assert got == ("rediss://h:1/2", False, 2.5, "PW", 9.0, 8)
+    assert (o.tls_ca_file, o.tls_cert_file, o.tls_key_file) == (
+        "ca.pem",
+        "client.pem",
+        "client.key",
+    )
+    assert o.backoff.base_s == 0.25 and o.batch_bytes == RemoteOptions().batch_bytes
+    with pytest.raises(ConfigError) as e:
+        RemoteOptions.from_config(OffloadingConfig.from_dict({"cpu_bytes_to_use": "1MiB"}))
+    assert e.value.key == "remote_url"
+
+
+def test_a_bad_remote_url_is_reported_by_its_scheme_only() -> None:
+    """The URL may hold a password: the configuration's error shows its scheme."""
+    with pytest.raises(ConfigError) as e:
+        OffloadingConfig.from_dict({"cpu_bytes_to_use": "1MiB", "remote_url": "http://u:pw@h"})
+    assert e.value.key == "remote_url" and "pw" not in str(e.value) and "'http'" in str(e.value)

@@ -29,12 +29,27 @@ from kvtier.media.forks import renew_after_fork
 from kvtier.media.remote_options import Endpoint, RemoteOptions
 from kvtier.media.resp import ErrorReply, ReplyReader, command
 
-__all__ = ["AccessDenied", "Connections", "RedisConnection", "RemoteOptions"]
+__all__ = [
+    "AccessDenied",
+    "ClosedAfterHandshake",
+    "Connections",
+    "RedisConnection",
+    "RemoteOptions",
+]
 
 
 class AccessDenied(Exception):
     """The server refused who kvtier says it is (``WRONGPASS``, ``NOAUTH``, ``NOPERM``).
     The message is the server's; it never holds the password."""
+
+
+class ClosedAfterHandshake(ConnectionError):
+    """A TLS connection ended after its handshake and before the server's first reply.
+
+    With TLS 1.3 a client's handshake completes before the server has checked the
+    client's certificate; Redis then closes a connection whose certificate it refuses,
+    or that sent none while one is required, without a TLS alert the client could read.
+    So this is what a refused client certificate looks like from the client."""
 
 
 def tls_context(o: RemoteOptions) -> ssl.SSLContext | None:
@@ -86,6 +101,7 @@ class RedisConnection:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._answered = False  # a reply came on this connection
 
     @classmethod
     def open(
@@ -148,9 +164,18 @@ class RedisConnection:
         order (an error reply as an ``ErrorReply`` value)."""
         if not commands:
             return []
-        self.sock.sendall(b"".join(commands))
-        reader = ReplyReader(self.sock, 4096)
-        return [reader.reply() for _ in commands]
+        try:
+            self.sock.sendall(b"".join(commands))
+            reader = ReplyReader(self.sock, 4096)
+            replies = [reader.reply() for _ in commands]
+        except (ConnectionError, ssl.SSLEOFError) as e:
+            if self._answered or not isinstance(self.sock, ssl.SSLSocket):
+                raise
+            raise ClosedAfterHandshake(
+                f"the TLS connection ended before any reply ({type(e).__name__}: {e})"
+            ) from e
+        self._answered = True
+        return replies
 
     def ping(self) -> None:
         """``PING``; returns once the server answered ``PONG``.

@@ -9,6 +9,13 @@ server does not have -- is a ``ConfigError`` naming the key to change, raised be
 the engine serves anything. Anything else (refused, reset, timed out) is a server
 that is down or hung now: the engine starts without it and the breaker retries.
 
+Redis closes a TLS connection whose client certificate it refuses (or that sent none
+while one is required) without an alert the client could read, right after the
+client's side of the handshake completed (TLS 1.3): a TLS connection that ends before
+the first reply (``ClosedAfterHandshake``) is taken for that. A ``rediss://`` URL
+naming a plain Redis port cannot be told from a hung server (the server waits for a
+line the TLS greeting never ends); the warning says what to try.
+
 Messages name the server by host and port and the user by name; a password never
 appears in them (nor does the server's reply, which never holds it).
 """
@@ -19,7 +26,7 @@ import ssl
 from collections.abc import Iterator, Mapping
 
 from kvtier.errors import ConfigError
-from kvtier.media.redis_client import AccessDenied
+from kvtier.media.redis_client import AccessDenied, ClosedAfterHandshake
 from kvtier.media.remote_options import RemoteOptions
 from kvtier.media.resp import ErrorReply
 
@@ -105,17 +112,20 @@ def config_problem(
                 f"the certificate of the server at {where} did not verify against {ca} "
                 f"({e.verify_message}); set remote_tls_ca_file to the CA that signed it",
             )
-        if isinstance(e, ssl.SSLError) and e.reason in _CLIENT_CERTIFICATE_REFUSED:
+        refused = isinstance(e, ssl.SSLError) and e.reason in _CLIENT_CERTIFICATE_REFUSED
+        if refused or isinstance(e, ClosedAfterHandshake):
+            why = e.reason if isinstance(e, ssl.SSLError) else "it closed the connection"
             if options.tls_cert_file is None:
                 return ConfigError(
                     "remote_tls_cert_file",
-                    f"the server at {where} asks for a client certificate ({e.reason}); "
-                    "set remote_tls_cert_file (and remote_tls_key_file)",
+                    f"the server at {where} asks for a client certificate ({why} after "
+                    "the TLS handshake); set remote_tls_cert_file (and remote_tls_key_file)",
                 )
             return ConfigError(
                 "remote_tls_cert_file",
                 f"the server at {where} refused the client certificate "
-                f"{options.tls_cert_file!r} ({e.reason}); use one its CA signed",
+                f"{options.tls_cert_file!r} ({why} after the TLS handshake); use one "
+                "signed by a CA the server trusts",
             )
         if isinstance(e, ssl.SSLError) and e.reason in _NOT_TLS:
             return ConfigError(
@@ -140,6 +150,11 @@ def password_key(options: RemoteOptions, environ: Mapping[str, str]) -> str | No
 
 def hint(error: BaseException, options: RemoteOptions) -> str:
     """A word on what may be wrong when a first contact failed without a refusal."""
-    if isinstance(error, ConnectionError) and "closed" in str(error) and not options.endpoint.tls:
-        return "; if that port speaks TLS, use rediss://"
-    return ""
+    if options.endpoint.tls:
+        if isinstance(error, TimeoutError) and "handshake" in str(error):
+            return "; if that port does not speak TLS, use redis://"
+        return ""
+    dropped = isinstance(error, ConnectionResetError) or (
+        isinstance(error, ConnectionError) and "closed" in str(error)
+    )
+    return "; if that port speaks TLS, use rediss://" if dropped else ""

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvtier.errors import ConfigError
 from kvtier.media.circuit_breaker import Backoff
+
+if TYPE_CHECKING:
+    from kvtier.config import OffloadingConfig
 
 DEFAULT_PORT = 6379
 
@@ -161,6 +165,32 @@ class RemoteOptions:
                 raise ConfigError(f"remote_{name}", "is set but remote_url is not rediss://")
         if self.tls_key_file is not None and self.tls_cert_file is None:
             raise ConfigError("remote_tls_key_file", "is set without remote_tls_cert_file")
+
+    @classmethod
+    def from_config(cls, cfg: OffloadingConfig) -> RemoteOptions:
+        """The options of a configuration's remote tier (its ``remote_*`` keys).
+
+        ``max_connections``: each direction's ``remote_io_threads`` connections, one
+        for the scheduler's existence checks and one for the store's own commands
+        (its first contact, the deletes of corrupt values of a blocking batch).
+
+        Raises:
+            ConfigError: the configuration has no remote tier (``remote_url`` unset).
+        """
+        if cfg.remote_url is None:
+            raise ConfigError("remote_url", "is not set: this configuration has no remote tier")
+        return cls(
+            url=cfg.remote_url,
+            cluster=cfg.remote_cluster,
+            timeout_s=cfg.remote_timeout_s,
+            password_env=cfg.remote_password_env,
+            ttl_s=cfg.remote_ttl_s,
+            max_connections=2 * cfg.remote_io_threads + 2,
+            tls_ca_file=cfg.remote_tls_ca_file,
+            tls_cert_file=cfg.remote_tls_cert_file,
+            tls_key_file=cfg.remote_tls_key_file,
+            backoff=Backoff(base_s=cfg.remote_backoff_s),
+        )
 
     @property
     def endpoint(self) -> Endpoint:
