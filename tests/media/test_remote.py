@@ -20,6 +20,7 @@ from kvtier.errors import ConfigError, TransferError
 from kvtier.media import block_format
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+from kvtier.media.remote_loop import BatchResult, Op, RemoteLoop
 from kvtier.media.remote_options import Endpoint, redacted_url
 
 from ..forking import held_by_another_thread, run_in_forked_child
@@ -501,3 +502,33 @@ def test_a_bad_remote_url_is_reported_by_its_scheme_only() -> None:
     with pytest.raises(ConfigError) as e:
         OffloadingConfig.from_dict({"cpu_bytes_to_use": "1MiB", "remote_url": "http://u:pw@h"})
     assert e.value.key == "remote_url" and "pw" not in str(e.value) and "'http'" in str(e.value)
+
+
+def test_a_unix_socket_store_round_trips_through_store_and_loop(tmp_path: Path) -> None:
+    """``unix://<path>?db=1``: the store's own connection over a Unix socket, its
+    database selected, multiplexed by the I/O loop like a TCP one."""
+    path = tmp_path / "redis.sock"
+    server = RedisServer(tmp_path / "unix", ["--unixsocket", str(path), "--unixsocketperm", "700"])
+    server.start()
+    store = RemoteStore.open(FP, RemoteOptions(url=f"unix://{path}?db=1"), environ={})
+    loop = RemoteLoop(store, connections=2, name="test-unix-loop")
+    try:
+        assert store.healthy and store.multiplexable
+        keys = [key(i) for i in range(4)]
+        store.write_many(keys[:2], [payload(0), payload(1)])
+        done: list[BatchResult] = []
+        loop.submit(Op.STORE, keys[2:], [payload(2), payload(3)], done.append)
+        outs = np.zeros((4, BLOCK), np.uint8)
+        loop.submit(Op.LOAD, keys, list(outs), done.append)
+        loop.close()
+        assert [r.error for r in done] == [None, None]
+        assert list(done[1].outcomes) == [ReadOutcome.HIT] * 4
+        assert all(np.array_equal(outs[i], payload(i)) for i in range(4))
+        with server.client() as client:
+            assert client.dbsize() == 0  # database 0: the values went to database 1
+            client.select(1)
+            assert client.dbsize() == 4
+    finally:
+        loop.close()
+        store.close()
+        server.stop()

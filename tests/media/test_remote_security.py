@@ -343,3 +343,23 @@ def test_no_password_appears_in_logs_errors_reprs_or_breaker_state(
     assert sum("did not answer at start" in line for line in logged) == 2  # down, hung
     for text in said + logged + caplog.text.splitlines():
         assert ALICE not in text and wrong not in text, text
+
+
+@pytest.mark.parametrize(
+    ("path", "config_key", "words"),
+    [
+        (f":{ALICE}@127.0.0.1:{{port}}/0", "remote_url", "called without any password configured"),
+        ("127.0.0.1:{port}/99", "remote_url", "refused database 99"),
+    ],
+)
+def test_a_password_for_a_server_without_one_or_a_database_it_lacks_is_refused_at_open(
+    tmp_path: Path, path: str, config_key: str, words: str
+) -> None:
+    plain = RedisServer(tmp_path / "plain").start()
+    try:
+        url = "redis://" + path.format(port=plain.port)
+        with pytest.raises(ConfigError, match=words) as error:
+            RemoteStore.open(FP, RemoteOptions(url=url), environ={})
+        assert error.value.key == config_key and ALICE not in str(error.value)
+    finally:
+        plain.stop()
