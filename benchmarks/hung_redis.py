@@ -6,13 +6,14 @@ seeded requests (fresh prompts, so every admission asks Redis) through three eng
 side by side, round after round: no offloading; a remote tier on a healthy
 ``redis-server``; and the same with the server SIGSTOPped for its rounds. A *step* is
 one ``schedule`` + forward + ``update`` of the engine loop (steps where every request
-waits are not steps; their cost shows in TTFT). Then ``--fresh`` times, alternated, a
-fresh engine without offloading and a fresh one built while the server is SIGSTOPped
-serve one request each: their first call (``generate`` of that request) and their
-construction (which, with the remote tier, includes the store's first contact: one
-``remote_timeout_s`` with the server hung). Medians and tails per engine, and ratios
-against no offloading, go to one summary line and a JSON file. Run from the
-repository root (needs ``redis-server`` on PATH)::
+waits are not steps; their cost shows in TTFT). Then ``--fresh`` times, alternated,
+fresh engines serve one request each -- without offloading, with the CPU tier alone,
+with the remote tier, and with the remote tier built while the server is SIGSTOPped:
+their first call (``generate`` of that request) and their construction (which, with
+the remote tier, includes the store's first contact: one ``remote_timeout_s`` with
+the server hung).
+Medians and tails per engine, and ratios against no offloading, go to one summary
+line and a JSON file. Run from the repository root (needs ``redis-server`` on PATH)::
 
     PYTHONPATH=src python benchmarks/hung_redis.py --out benchmarks/results/hung-redis.json
 """
@@ -111,25 +112,22 @@ def first_calls(
     rng: random.Random,
     args: argparse.Namespace,
 ) -> dict[str, dict[str, Any]]:
-    """Fresh engines, alternated: without offloading, and built (and served) while the
-    server is SIGSTOPped; the first call and the construction of each."""
+    """Fresh engines, alternated: without offloading, with the CPU tier alone, with the
+    remote tier too, and with it built (and served) while the server is SIGSTOPped; the
+    first call and the construction of each."""
+    cpu_only = {k: v for k, v in remote.items() if not k.startswith("remote_")}
+    kinds = {"none": None, "cpu": cpu_only, "redis": remote, "redis_sigstop": remote}
     times: dict[str, dict[str, list[float]]] = {
-        name: {"first_call": [], "build": []} for name in ("none", "redis_sigstop")
+        name: {"first_call": [], "build": []} for name in kinds
     }
     for _ in range(args.fresh):
         prompt = [rng.randrange(512) for _ in range(args.prompt_tokens)]
-        for name in times:
-            hung = name == "redis_sigstop"
-            if hung:
+        for name, offload in kinds.items():
+            if name == "redis_sigstop":
                 server.send_signal(signal.SIGSTOP)
             try:
                 t0 = time.perf_counter()
-                llm = LLM(
-                    model=model,
-                    num_gpu_blocks=256,
-                    block_size=PAGE,
-                    offload=remote if hung else None,
-                )
+                llm = LLM(model=model, num_gpu_blocks=256, block_size=PAGE, offload=offload)
                 t1 = time.perf_counter()
                 llm.generate([prompt], args.new_tokens)
                 t2 = time.perf_counter()
@@ -236,7 +234,9 @@ def main() -> None:
         f"({hung['step_median_vs_none']:.2f}x, p99 {hung['step_p99_ms']:.2f} vs "
         f"{none['step_p99_ms']:.2f} ms); TTFT median hung {hung['ttft_median_ms']:.1f} ms "
         f"vs {none['ttft_median_ms']:.1f} ms; same tokens: {same}; fresh engines' first "
-        f"call median none {fresh['none']['first_call_median_ms']:.1f} ms, SIGSTOPped redis "
+        f"call median none {fresh['none']['first_call_median_ms']:.1f} ms, CPU tier "
+        f"{fresh['cpu']['first_call_median_ms']:.1f} ms, redis "
+        f"{fresh['redis']['first_call_median_ms']:.1f} ms, SIGSTOPped redis "
         f"{fresh['redis_sigstop']['first_call_median_ms']:.1f} ms"
     )
     if args.out:
