@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
+from kvtier.scheduler.policies.shadow import ShadowTier
 from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
@@ -100,7 +101,7 @@ def test_a_request_every_shadow_hit_whole_takes_the_shared_fast_path(
     policy.observe(first)  # a hit of both keys in every shadow
     assert policy._everywhere == set(first)
     with monkeypatch.context() as mp:  # the fast path: no shadow serves it on its own
-        mp.setattr(leader._Shadow, "request", None)
+        mp.setattr(ShadowTier, "lookup", None)
         policy.observe(first)
     assert [shadow.hits for shadow in policy._shadows] == [4] * len(leader.CANDIDATES)
     policy.observe(second)

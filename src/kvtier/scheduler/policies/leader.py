@@ -82,7 +82,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Sequence
-from itertools import filterfalse, islice, repeat, takewhile
+from itertools import filterfalse, islice, repeat
 from zlib import crc32
 
 from kvtier.blocks import BlockHash
@@ -94,7 +94,9 @@ from kvtier.scheduler.policies.lru import LRUPolicy
 from kvtier.scheduler.policies.recency import RecencyList
 from kvtier.scheduler.policies.sampling import sample_rate
 from kvtier.scheduler.policies.segmented import SegmentedPolicy
+from kvtier.scheduler.policies.shadow import ShadowTier
 from kvtier.scheduler.policies.slru import SegmentedLRUPolicy
+from kvtier.scheduler.serve import serve_request
 
 CANDIDATES: tuple[type[EvictionPolicy], ...] = (
     LRUPolicy,
@@ -160,73 +162,6 @@ _ROUNDING = 1 + 1e-9
 one request's difference alone is exactly one standard deviation, at every decay
 after it, and the decays' rounding would decide it either way."""
 
-_NONE_STORING: frozenset[BlockHash] = frozenset()
-
-
-def _never_held(key: BlockHash) -> bool:
-    return False
-
-
-class _Shadow:
-    """One candidate policy over keys only, fed whole requests the manager's way."""
-
-    __slots__ = ("capacity", "hits", "learns", "policy", "resident")
-
-    def __init__(self, cls: type[EvictionPolicy], capacity: int) -> None:
-        self.capacity = capacity
-        self.policy = cls(capacity)
-        self.resident: set[BlockHash] = set()
-        self.hits = 0
-        self.learns = cls.observe is not EvictionPolicy.observe  # shown every request
-
-    def hit_all(self, keys: Sequence[BlockHash], backwards: Sequence[BlockHash]) -> None:
-        """Serve a lookup all of whose keys are resident (``backwards``: ``keys``
-        reversed): every key hits and is used again, the first key last."""
-        if self.learns:
-            self.policy.observe(keys)
-        self.hits += len(keys)
-        self.policy.touch_all(backwards, _NONE_STORING)
-
-    def request(
-        self, keys: Sequence[BlockHash], backwards: Sequence[BlockHash] | None = None
-    ) -> tuple[list[BlockHash], list[BlockHash]]:
-        """Serve one lookup; return ``(evicted, stored)`` keys (``backwards``: ``keys``
-        reversed, if the caller has it: one copy for all the shadows).
-
-        As the manager serves it: the prefix hit is counted, every resident key is
-        used (the first key last), the missing keys are stored (evicting, but never
-        the request's own keys), and the resident keys are touched again (recency
-        only for the stored ones). Batch calls: C-level passes where they can be.
-        """
-        if self.resident.issuperset(keys):  # the usual case at a hit: all resident (C-level)
-            self.hit_all(keys, keys[::-1] if backwards is None else backwards)
-            return [], []
-        resident, policy = self.resident, self.policy
-        if self.learns:
-            policy.observe(keys)
-        hit = len(list(takewhile(resident.__contains__, keys)))
-        self.hits += hit
-        used = list(filter(resident.__contains__, reversed(keys)))
-        if used:
-            policy.touch_all(used, _NONE_STORING)
-        rest = keys[hit:]
-        to_store = list(filterfalse(resident.__contains__, dict.fromkeys(rest)))
-        evicted: list[BlockHash] = []
-        if not to_store or len(to_store) > self.capacity:
-            return evicted, []
-        need = len(resident) + len(to_store) - self.capacity
-        if need > 0:
-            victims = policy.choose_victims(need, _never_held, set(rest), to_store)
-            if victims is None:
-                return evicted, []
-            policy.evict(victims)
-            resident.difference_update(victims)
-            evicted = victims
-        policy.add_all(to_store)
-        resident.update(to_store)
-        policy.touch_all(list(filter(resident.__contains__, reversed(keys))), set(to_store))
-        return evicted, to_store
-
 
 class _InStep(SegmentedPolicy):
     """The tier's blocks in two recency lists, driven by a full-size leading shadow.
@@ -241,7 +176,7 @@ class _InStep(SegmentedPolicy):
     def __init__(
         self,
         capacity: int,
-        leader: _Shadow,
+        leader: ShadowTier,
         guards: Sequence[set[BlockHash]] = (),
         reserve: int = 0,
     ) -> None:
@@ -284,7 +219,7 @@ class _InStep(SegmentedPolicy):
                 extra.remove(key)
                 kept.add(key)
 
-    def lead(self, leader: _Shadow) -> None:
+    def lead(self, leader: ShadowTier) -> None:
         """Split the tier's blocks anew into kept and extra for a new leader."""
         self.drop_reserve()
         self._leader = leader
@@ -413,7 +348,7 @@ class _Rebuilt(EvictionPolicy):
     per decision window.
     """
 
-    def __init__(self, capacity: int, leader: _Shadow) -> None:
+    def __init__(self, capacity: int, leader: ShadowTier) -> None:
         super().__init__(capacity)
         # The tier's blocks are the instance's (no set of them beside it: that cost a
         # set insert and delete per stored and evicted block).
@@ -438,7 +373,7 @@ class _Rebuilt(EvictionPolicy):
     def follow(self, evicted: Sequence[BlockHash], stored: Sequence[BlockHash]) -> None:
         """A sampled shadow's moves say nothing about most of the tier's blocks."""
 
-    def lead(self, leader: _Shadow) -> None:
+    def lead(self, leader: ShadowTier) -> None:
         """Take on a new leader's policy at the next search for victims."""
         cls = type(leader.policy)
         self._next = None if cls is type(self.policy) else cls
@@ -507,7 +442,7 @@ class LeaderPolicy(EvictionPolicy):
         rate = sample_rate(capacity)
         self._mask = rate - 1
         candidates = CANDIDATES if rate == 1 else [c for c in CANDIDATES if c not in IN_STEP_ONLY]
-        self._shadows = tuple(_Shadow(cls, capacity // rate) for cls in candidates)
+        self._shadows = tuple(ShadowTier(cls, capacity // rate) for cls in candidates)
         self._leader = START
         leader = self._shadows[START]
         # keys every shadow holds (a subset of the intersection of their ``resident``
@@ -588,11 +523,11 @@ class LeaderPolicy(EvictionPolicy):
         if mask and crc32(keys[0]) & mask:  # not sampled (``sampling.is_sampled``, inline)
             return
         shadows, lead = self._shadows, self._shadows[self._leader]
-        backwards = keys[::-1]
         everywhere = self._everywhere
         n = len(keys)
         if everywhere.issuperset(keys):  # every shadow holds every key: all hit them all
             self._gains = None
+            backwards = keys[::-1]
             for shadow in shadows:
                 shadow.hit_all(keys, backwards)
             # no lead moved, so no early decision: ``_clear_lead`` and ``_challenger``
@@ -604,13 +539,13 @@ class LeaderPolicy(EvictionPolicy):
             return
         gains = []  # each shadow's hits in this request
         for shadow in shadows:
-            before = shadow.hits
-            evicted, stored = shadow.request(keys, backwards)
-            gains.append(shadow.hits - before)
-            if evicted and everywhere:
-                everywhere.difference_update(evicted)
-            if shadow is lead:
-                tier.follow(evicted, stored)
+            gains.append(serve_request(shadow, keys))
+            stored = shadow.last
+            if stored is not None:
+                if everywhere and stored.block_hashes_evicted:
+                    everywhere.difference_update(stored.block_hashes_evicted)
+                if shadow is lead:
+                    tier.follow(stored.block_hashes_evicted, stored.block_hashes_to_store)
         self._gains = gains
         if gains.count(n) == len(gains):  # each shadow hit every key: none was evicted
             everywhere.update(keys)
