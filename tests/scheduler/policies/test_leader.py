@@ -157,8 +157,14 @@ def test_the_fast_path_changes_no_shadow(shape: str, capacity: int) -> None:
         took_fast += fast._everywhere.issuperset(keys)
         fast.observe(keys)
         slow.observe(keys)
-        state = (fast._leader, fast._left, fast._squares, fast._spreads, fast._scores)
-        assert state == (slow._leader, slow._left, slow._squares, slow._spreads, slow._scores)
+        a, b = fast._switch, slow._switch
+        assert (a.leader, a._left, a._squares, a._spreads, a._scores) == (
+            b.leader,
+            b._left,
+            b._squares,
+            b._spreads,
+            b._scores,
+        )
         for a, b in zip(fast._shadows, slow._shadows, strict=True):
             assert a.hits == b.hits and a.resident == b.resident
             assert pickle.dumps(a.policy) == pickle.dumps(b.policy)  # its whole state
