@@ -222,7 +222,7 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
 def test_a_clear_or_significant_lead_ends_a_window_early(
     monkeypatch: pytest.MonkeyPatch, early: float, significance: float, last: str
 ) -> None:
-    """Issue 14: a window of 8,192 keys is up to 80 capacities of a small tier, and a
+    """A window of 8,192 keys is up to 80 capacities of a small tier, and a
     policy 20 % behind cost the tier 200-300 blocks before the first decision. Here
     the window never ends; with ``EARLY`` 4, or with ``SIGNIFICANCE`` 1 alone (a lead
     of one standard deviation of the decayed per-request differences, tested after

@@ -30,8 +30,8 @@ key's last-use time there, for the adaptive policy's comparisons between two lis
 
 ``coldest(n)`` is the fast path of a search: when nothing is waiting in the heap and
 the ``n`` coldest keys of the list are neither held nor protected -- the usual case --
-they are the answer, taken and checked by C-level iteration (``islice``, ``map``),
-without the generator.
+they are the answer, taken by ``islice`` and checked by one set test per held kind
+(``base.any_held``), without the generator.
 """
 
 from __future__ import annotations

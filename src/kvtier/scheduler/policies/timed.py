@@ -12,9 +12,8 @@ hash-table insert and delete per stored block, and one more write per touch)::
 A key moved to another list by ``transfer`` (a demotion) keeps its time; a parked key
 keeps it while parked. ``TimedGhostedList`` does the same for a ``GhostedList`` (the
 probation list that shares its table with the ghosts), the time as the key's record.
-Every method stamps each key it adds or touches once, in the
-order of its keys, so a batch method leaves the same times as its per-key loop.
-
+Every method stamps each key it adds or touches once, in the order of its keys, so a
+batch method leaves the same times as its per-key loop.
 """
 
 from __future__ import annotations
