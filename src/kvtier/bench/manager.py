@@ -19,8 +19,8 @@ filled and driven alike: their timed rounds alternate (the first of each pair
 alternating too), so both see the same load on a shared machine. Reported: median
 nanoseconds per block over ``--repeats`` rounds, as CPU time of the benchmark's thread
 (the manager is single-threaded; wall time also counts waiting for a core) and as wall
-time; the median of the rounds' CPU ratios to LRU (the budget of ``DESIGN.md``'s hot
-paths is relative to LRU); and the ratio of the pinned run to the unpinned one (1.0
+time; the median of the rounds' CPU ratios to LRU (the scheduler's hot paths are
+budgeted relative to LRU); and the ratio of the pinned run to the unpinned one (1.0
 means eviction does not grow with pins). Progress goes to stderr, one line per
 measurement.
 """
