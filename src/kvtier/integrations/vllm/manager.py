@@ -12,7 +12,9 @@ vLLM's lookup is per key and answers one of four values:
 ``HIT_PENDING``    being stored into the CPU tier: from the GPU, or promoted from
                    disk / Redis (vLLM asks again at a later step)
 ``RETRY``          kvtier is asking Redis whether another engine stored it
-``MISS``           in no tier, or a promotion / check of it failed
+``MISS``           in no tier, a promotion / check of it failed, or it was promoted
+                   for this request and left the CPU tier before vLLM loaded it
+                   (the request's blocks do not fit in the CPU tier at once)
 =================  ==============================================================
 
 A block in disk or Redis only is promoted into the CPU tier *before* vLLM hears it hit:
@@ -123,7 +125,6 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         self._admit(k, req_context)
         state = self.cpu.state(k)
         if state is BlockState.READY:
-            self.metrics.add(TIER_HITS, 1, ("cpu",))
             return self._count("hit", compat.LookupResult.HIT)
         if state is BlockState.STORING:
             return self._count("pending", compat.LookupResult.HIT_PENDING)
@@ -136,9 +137,16 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             if tiered.discovering([k]):  # Redis is being asked about the run from k
                 return self._count("retry", compat.LookupResult.RETRY)
             return self._count("miss", compat.LookupResult.MISS)
+        request = self._keys.of(req_context, k)
+        if k in request.promoted or request.index(k) - request.first >= self.cpu.num_blocks:
+            # Promoted and gone again, or past what the CPU tier holds of one request:
+            # a promotion now would evict the request's own blocks before vLLM loads
+            # them. vLLM loads the run before this key and computes the rest.
+            return self._count("miss", compat.LookupResult.MISS)
         jobs = tiered.prepare_promotion([k])
         if not jobs:  # None: no CPU room now; []: cannot happen (not READY in CPU)
             return self._count("miss", compat.LookupResult.MISS)
+        request.promoted.add(k)
         for job in jobs:
             self._kinds[self.mover.submit(job)] = "promote"
             self.metrics.add(TIER_HITS, len(job.block_hashes), (TIER_NAMES[job.src.medium],))
@@ -152,7 +160,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         if keys.admitted:
             return
         keys.admitted = True
-        first = keys.index(key)
+        first = keys.first = keys.index(key)
         target = self.tiered or self.cpu
         target.lookup(keys.keys, first)
         target.touch(keys.keys)
@@ -169,6 +177,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         request was looked up)."""
         ks = [BlockHash(bytes(k)) for k in keys]
         spec = self.cpu.prepare_load(ks)
+        self.metrics.add(TIER_HITS, len(ks), ("cpu",))
         assert isinstance(spec, BlockIdsSpec)
         return compat.CPULoadStoreSpec([int(b) for b in spec.block_ids])
 

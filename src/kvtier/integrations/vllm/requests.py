@@ -39,10 +39,18 @@ class Request:
     Attributes:
         keys: the keys, prefix order.
         admitted: whether the policies have been shown the request.
+        first: where in ``keys`` vLLM's lookups began (the blocks before came from
+            its own cache).
+        promoted: keys promoted into the CPU tier for this request. One of them gone
+            from the CPU tier again before vLLM loaded it means the tier cannot hold
+            the request's blocks at once: promoting it again would evict another of
+            the request's blocks, and so on, a lookup after the other.
     """
 
     keys: list[BlockHash] = field(default_factory=list)
     admitted: bool = False
+    first: int = 0
+    promoted: set[BlockHash] = field(default_factory=set)
     _index: dict[BlockHash, int] = field(default_factory=dict)
     _read: int = 0  # entries of the context's record already read
 
