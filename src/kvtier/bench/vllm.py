@@ -137,8 +137,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--small-cpu-bytes",
         type=options.size,
-        default="2MiB",
-        help="the CPU tier of cpu+disk (too small for the conversations)",
+        default="8MiB",
+        help="the CPU tier of cpu+disk: about one conversation of the default model, so "
+        "the others come back from disk",
     )
     parser.add_argument(
         "--model", type=Path, default=None, help="a local checkpoint (default: build one)"
@@ -312,6 +313,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError("--configs", "'redis' needs redis-server on PATH")
     out = check_output("--json", args.json or default_path("vllm"))
     shape = ModelShape.of_checkpoint(args.model) if args.model else ModelShape()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-", dir=args.workdir))
     model = args.model or work / "model"
     if args.model is None:
