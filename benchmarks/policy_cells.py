@@ -4,9 +4,9 @@ Replays the 13 replayable workloads -- the shipped synthetic trace and ``--gener
 seeds 1, 2, 3 of the shapes mixed, chat, documents and agents -- at 1, 5, 10, 25 and
 50 % of each one's distinct blocks, through the real manager (``kvtier.sim.replay``),
 for ``lru``, ``arc`` and the candidate policies (default: the engine's default,
-``leader``), and prints one row per workload: the candidate's hit blocks minus
-max(LRU, ARC)'s, per capacity (>= 0 wins the cell). Hit blocks are exact integers, so
-a tie is a tie. Run from the repository root::
+``OffloadingConfig.eviction_policy``), and prints one row per workload: the candidate's
+hit blocks minus max(LRU, ARC)'s, per capacity (>= 0 wins the cell). Hit blocks are
+exact integers, so a tie is a tie. Run from the repository root::
 
     PYTHONPATH=src nice python benchmarks/policy_cells.py --jobs 2 \
         --out benchmarks/results/policy_cells.json

@@ -12,7 +12,7 @@ Keys (see ``docs/configuration.md``):
                           (required)
 ``block_size``            tokens per offloaded block (a multiple of the engine's
                           GPU block size; default 16)
-``eviction_policy``       a registered policy name (default ``"leader"``)
+``eviction_policy``       a registered policy name (default ``"lru"``)
 ``store_threshold``       store a block only after N lookups (0 = store all)
 ``enable_events``         record stored/removed events (default true)
 ``hash_algorithm``        block key digest: ``"sha256"`` (default) or ``"blake2b"``
@@ -196,7 +196,7 @@ class OffloadingConfig:
 
     cpu_bytes_to_use: int
     block_size: int = 16
-    eviction_policy: str = "leader"
+    eviction_policy: str = "lru"
     store_threshold: int = 0
     enable_events: bool = True
     hash_algorithm: str = "sha256"
