@@ -12,7 +12,7 @@ Keys (see ``docs/configuration.md``):
                           (required)
 ``block_size``            tokens per offloaded block (a multiple of the engine's
                           GPU block size; default 16)
-``eviction_policy``       a registered policy name (default ``"leader"``)
+``eviction_policy``       a registered policy name (default ``"lru"``)
 ``store_threshold``       store a block only after N lookups (0 = store all)
 ``enable_events``         record stored/removed events (default true)
 ``hash_algorithm``        block key digest: ``"sha256"`` (default) or ``"blake2b"``
@@ -58,7 +58,14 @@ from kvtier.keys import HASH_ALGORITHMS
 from kvtier.scheduler.policies import POLICIES
 from kvtier.sizes import format_bytes, parse_bytes
 
+DEFAULT_EVICTION_POLICY = "lru"
+"""The CPU tier's policy when ``eviction_policy`` is not given, in every engine (the
+reference engine, vLLM's spec, ``kvtier run``) and in ``kvtier simulate``: the policy
+within 1.5x LRU's scheduler cost that reaches max(LRU, ARC) in the most replayed cells
+(``docs/simulate.md``, "The default")."""
+
 __all__ = [
+    "DEFAULT_EVICTION_POLICY",
     "STORE_POLICIES",
     "OffloadingConfig",
     "check_known",
@@ -196,7 +203,7 @@ class OffloadingConfig:
 
     cpu_bytes_to_use: int
     block_size: int = 16
-    eviction_policy: str = "leader"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
     store_threshold: int = 0
     enable_events: bool = True
     hash_algorithm: str = "sha256"
