@@ -92,6 +92,12 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[EncryptionKey, ...]:
             shown,
             stat.S_IMODE(mode),
         )
+    if len(data) != KEY_BYTES and len(data.rstrip(b"\r\n")) == KEY_BYTES:
+        raise ConfigError(
+            KEY,
+            f"{shown} is {len(data)} bytes: a raw key is exactly {KEY_BYTES}, with no "
+            "newline after it (head -c 32 /dev/urandom > FILE), or 64 hex digits",
+        )
     keys = [EncryptionKey.of(data)] if len(data) == KEY_BYTES else _hex_keys(shown, data)
     ids = [k.key_id for k in keys]
     for i, key_id in enumerate(ids):
