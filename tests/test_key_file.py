@@ -73,10 +73,10 @@ def test_a_file_without_valid_keys_is_one_error_naming_the_key(
 
 
 def test_a_missing_file_or_a_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read .*missing") as error:
+    with pytest.raises(ConfigError, match=r"cannot read .*missing") as error:
         read_key_file(tmp_path / "missing")
     assert error.value.key == "encryption_key_file"
-    with pytest.raises(ConfigError, match="cannot read|not a regular file"):
+    with pytest.raises(ConfigError, match=r"cannot read|not a regular file"):
         read_key_file(tmp_path)
 
 

@@ -42,7 +42,9 @@ def windows(i: int) -> list[bytes]:
 
 
 @pytest.fixture(params=["plain", "tls", "acl"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[RedisServer, dict[str, Any]]]:  # fmt: skip
+def server(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[RedisServer, dict[str, Any]]]:
     """A server and the ``RemoteOptions`` arguments that reach it."""
     require_redis()
     if request.param == "tls":
@@ -65,7 +67,9 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Red
     s.stop()
 
 
-def open_store(options: dict[str, Any], keys: tuple[EncryptionKey, ...], fp: bytes = FP) -> RemoteStore:  # fmt: skip
+def open_store(
+    options: dict[str, Any], keys: tuple[EncryptionKey, ...], fp: bytes = FP
+) -> RemoteStore:
     return RemoteStore.open(fp, RemoteOptions(**options), environ={}, keys=keys)
 
 

@@ -113,7 +113,7 @@ def test_a_block_the_oracle_sealed_opens_in_the_codec() -> None:
         ("another block key", b"\x02" * 32, FP),
         ("another model", KEY, b"\x5b" * 32),
         ("a key of another length", KEY[:16], FP),
-    ],  # fmt: skip
+    ],
 )
 def test_a_block_opens_only_as_the_block_and_model_it_was_sealed_as(
     what: str, key: bytes, fp: bytes
@@ -168,7 +168,7 @@ def test_rotation_the_first_key_seals_every_key_opens() -> None:
         ("nonce", 50),
         ("salt", 30),
         ("payload length", 12),
-    ],  # fmt: skip
+    ],
 )
 def test_a_flipped_bit_anywhere_is_undecryptable_even_with_the_header_checksum_fixed(
     where: str, offset: int
