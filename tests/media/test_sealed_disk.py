@@ -14,6 +14,7 @@ import pytest
 
 from kvtier.errors import IntegrityError
 from kvtier.key_file import EncryptionKey
+from kvtier.keys import BlockHasher, ModelFingerprint
 from kvtier.media import direct_io
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
@@ -198,4 +199,30 @@ def test_a_torn_sealed_slot_is_corrupt_or_undecryptable_never_served(tmp_path: P
         f.seek(offset + 30)
         f.write(b"\xff")
     assert read(store, range(1, 2))[0] == ["header_checksum_mismatch"]
+    store.close()
+
+
+def test_one_tenants_blocks_never_open_under_another_tenants_keys(tmp_path: Path) -> None:
+    """The same tokens under two cache salts: the block keys differ (``kvtier.keys``), and
+    the seal binds the block key, so tenant A's bytes copied over tenant B's slots open
+    for neither B nor anyone asking for B's blocks."""
+    hasher = BlockHasher(ModelFingerprint("m", "float16", "L2", block_size=4))
+    tokens = list(range(16))
+    ours, theirs = hasher.hash_prompt(tokens, "tenant-a"), hasher.hash_prompt(tokens, "tenant-b")
+    assert not set(ours) & set(theirs)
+    store = open_store(tmp_path, (NEW,))
+    store.write_blocks(ours, [payload(i) for i in range(4)])
+    store.write_blocks(theirs, [payload(10 + i) for i in range(4)])
+    size = block_file_size(BLOCK)
+    for a, b in zip(ours, theirs, strict=True):
+        (pa, oa), (pb, ob) = store.locate(a), store.locate(b)  # type: ignore[misc]
+        with open(pa, "rb") as fa, open(pb, "r+b") as fb:
+            fa.seek(oa)
+            fb.seek(ob)
+            fb.write(fa.read(size))
+    outs = [aligned_empty(BLOCK) for _ in range(8)]
+    failed = store.read_blocks([*ours, *theirs], outs)
+    assert [e.reason for e in failed] == ["undecryptable"] * 4  # type: ignore[attr-defined]
+    assert all(np.array_equal(outs[i], payload(i)) for i in range(4))  # A's still open as A's
+    assert not any(o.any() for o in outs[4:])
     store.close()
