@@ -339,9 +339,9 @@ def measure_sealed(
         )
         for op, setup in (("store", fresh), ("load", lambda is_sealed: None))
     ]
-    for store, handlers, keys in variants.values():
+    for store, handlers, names in variants.values():
         handlers.shutdown()
-        for k in keys.current:
+        for k in names.current:
             store.delete(k)
         store.close()
     return rows

@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import io
 import math
 import os
@@ -416,8 +417,8 @@ def measure_sealed(url: str, size: int, total: int, args: Any) -> list[dict[str,
                     op,
                     size,
                     rounds * count * size,
-                    lambda p=ps[0], s=op == "store": p.run(s, rounds),
-                    lambda p=ps[1], s=op == "store": p.run(s, rounds),
+                    functools.partial(ps[0].run, op == "store", rounds),
+                    functools.partial(ps[1].run, op == "store", rounds),
                 ),
                 args.repeats,
             )
