@@ -149,3 +149,15 @@ def test_os_pathlike_paths_are_accepted(tmp_path: Path) -> None:
         {"cpu_bytes_to_use": 1, "remote_url": "redis://h:1/0", "encryption_key_file": good}
     )
     assert cfg.encryption_key_file == os.fspath(good)
+
+
+def test_the_vllm_spec_takes_the_key_file_in_its_extra_config(tmp_path: Path) -> None:
+    from kvtier.integrations.vllm.settings import VllmSettings
+
+    good, disk = key_file(tmp_path, A), str(tmp_path / "d")
+    extra = {"cpu_bytes_to_use": 1 << 20, "disk_path": disk, "disk_bytes_to_use": 1 << 20}
+    settings = VllmSettings.from_extra_config({**extra, "encryption_key_file": str(good)}, 16)
+    assert settings.offloading.encryption_key_file == str(good)
+    with pytest.raises(ConfigError, match="cannot read") as error:
+        VllmSettings.from_extra_config({**extra, "encryption_key_file": str(tmp_path / "no")}, 16)
+    assert error.value.key == "encryption_key_file"
