@@ -13,8 +13,8 @@ are read with one ``preadv``, so the kernel sees one sequential stream, as ``dd`
 it. A slot's index record is written after its bytes; every load verifies the slot's
 own header (key, fingerprint, length) and checksum, so a torn write, a stale record or
 a slot reused for another key is a miss, never wrong bytes (``docs/disk.md``). One
-process at a time owns a fingerprint directory (an ``flock`` on its ``lock`` file), so
-the accounting is exact.
+process at a time owns a fingerprint directory (``disk_claim``), so the accounting is
+exact.
 
 With an ``encryption_key_file`` the store's ``BlockCodec`` seals every block it writes
 (``sealing``: AES-256-GCM bound to the block's key and the model) and opens only sealed
@@ -25,7 +25,6 @@ so the pages themselves are never written over.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
@@ -41,18 +40,16 @@ from kvtier.media import block_format
 from kvtier.media.block_codec import BlockCodec, codec_for, sealing_bytes
 from kvtier.media.block_format import BytesLike, Corruption
 from kvtier.media.direct_io import (
-    ALIGNMENT,
-    aligned_empty,
+    ThreadBuffers,
     is_aligned,
     pread_all,
     pwrite_all,
-    supports_direct_io,
 )
+from kvtier.media.disk_claim import claim
 from kvtier.media.disk_files import SegmentFiles, check_free_space
 from kvtier.media.disk_layout import (
     EMPTY_RECORD,
     HEADER_REGION,
-    LOCK_NAME,
     MAX_FINGERPRINT_BYTES,
     MAX_KEY_BYTES,
     Slot,
@@ -60,7 +57,6 @@ from kvtier.media.disk_layout import (
     block_file_size,
     consecutive_runs,
     encode_record,
-    fingerprint_dir,
     segment_path,
     slot_offset,
     slots_per_segment,
@@ -121,7 +117,7 @@ class DiskStore:
         self._last_use: dict[bytes, int] = {}
         self._stale_use: set[bytes] = set()  # loaded since their record was written
         self._files = SegmentFiles(directory)
-        self._local = threading.local()
+        self._buffers = ThreadBuffers()
 
     def _after_fork(self) -> None:
         """In a forked child: a new mutex (a parent's I/O thread may have held the old
@@ -173,30 +169,7 @@ class DiskStore:
             )
         if not 1 <= len(fingerprint) <= MAX_FINGERPRINT_BYTES:
             raise ValueError(f"fingerprint digest must be 1..64 bytes, got {len(fingerprint)}")
-        directory = fingerprint_dir(Path(path), fingerprint)
-        try:
-            for level in (*reversed(directory.parents[:2]), directory):
-                level.mkdir(mode=0o700, parents=True, exist_ok=True)  # new levels: 0700
-            os.chmod(directory, 0o700)
-            has_direct = supports_direct_io(directory)
-            lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise ConfigError(
-                "disk_path", f"{path} is not a writable directory ({e}); choose another"
-            ) from e
-        if direct_io and not has_direct:
-            os.close(lock_fd)
-            raise ConfigError(
-                "disk_direct_io", f"the file system at {path} does not support O_DIRECT"
-            )
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(lock_fd)
-            raise ConfigError(
-                "disk_path", f"{directory} is in use by another process; give each its own path"
-            ) from e
-        use_direct = has_direct if direct_io is None else direct_io
+        directory, use_direct, lock_fd = claim(Path(path), fingerprint, direct_io)
         codec = codec_for(fingerprint, keys)
         store = cls(directory, codec, capacity_bytes, fsync, use_direct, lock_fd)
         try:
@@ -312,8 +285,12 @@ class DiskStore:
         done = False
         try:
             now = time.time_ns()
-            regions = self._regions(len(datas))
-            spare = self._spare(len(datas), datas[0].nbytes) if self.codec.sealed else None
+            regions = self._buffers.regions(len(datas), HEADER_REGION)
+            spare = (
+                self._buffers.rows(len(datas), sealing_bytes(datas[0].nbytes))
+                if self.codec.sealed
+                else None
+            )
             bodies = []
             for i, (k, d) in enumerate(zip(keys, datas, strict=True)):
                 header, body = self.codec.seal(k, d, None if spare is None else spare[i])
@@ -396,10 +373,10 @@ class DiskStore:
                 failed.append(self._failed(keys[i], slot, dests[i], err))
             else:
                 todo.append(i)
-        regions = self._regions(len(keys))
+        regions = self._buffers.regions(len(keys), HEADER_REGION)
         stored = dests  # where payloads land: the pages, or (sealed) this thread's buffer
         if self.codec.sealed and dests:
-            spare = self._spare(len(dests), max(d.nbytes for d in dests))
+            spare = self._buffers.rows(len(dests), sealing_bytes(max(d.nbytes for d in dests)))
             stored = [spare[i, : sealing_bytes(d.nbytes)] for i, d in enumerate(dests)]
         loaded: list[int] = []
         for run in consecutive_runs([slots[i] for i in todo]):
@@ -515,25 +492,6 @@ class DiskStore:
         except OSError as e:
             raise TransferError(f"disk write of block {name[:16]} failed: {e}") from e
         self._table.grow(slot_bytes, target)
-
-    def _regions(self, n: int) -> np.ndarray:
-        """``n`` aligned header regions of this thread, ``(n, HEADER_REGION)``."""
-        regions = getattr(self._local, "regions", None)
-        if regions is None or regions.shape[0] < n:
-            regions = aligned_empty(max(n, 16) * HEADER_REGION).reshape(-1, HEADER_REGION)
-            self._local.regions = regions
-        return regions
-
-    def _spare(self, n: int, payload_bytes: int) -> np.ndarray:
-        """``n`` aligned rows of this thread for sealing or opening ``n`` payloads of up
-        to ``payload_bytes`` (each row holds the ciphertext and its tag)."""
-        stride = -(-sealing_bytes(payload_bytes) // ALIGNMENT) * ALIGNMENT
-        spare = getattr(self._local, "spare", None)
-        if spare is None or spare.shape[0] < n or spare.shape[1] < stride:
-            rows = max(n, spare.shape[0] if spare is not None else 0)
-            spare = aligned_empty(rows * stride).reshape(rows, stride)
-            self._local.spare = spare
-        return spare
 
     def _failed(
         self, key: bytes, slot: Slot, dest: np.ndarray, error: IntegrityError
