@@ -24,13 +24,19 @@ deliver it, so the next lookup answers ``MISS`` and vLLM recomputes. vLLM's load
 therefore only ever read READY CPU blocks, and no failure reaches its asserts.
 
 Whole requests: vLLM asks about one key at a time, but kvtier's policies learn from
-requests (``leader``, ``density``, ``adaptive``). The first lookup of a request shows
-the policies the whole request -- every key vLLM has for it, in prefix order, with the
-blocks its GPU cache served before the looked-up key -- as one ``lookup`` and one
-``touch``, exactly as ``kvtier simulate`` and the reference engine do; each store then
-touches the request again (key 0 ends up the most recent). Later lookups of the same
-request are answered from the tiers without asking the policies again. The request's
-keys come from vLLM's request context (``RequestKeys``).
+requests (``leader``, ``density``, ``adaptive``). The first lookup of a request's KV
+cache group shows the policies the group's whole request -- every key vLLM has for it
+in that group, in prefix order, with the blocks its GPU cache served -- as one
+``lookup`` and one ``touch``, exactly as ``kvtier simulate`` and the reference engine
+do; each store then touches the request again (key 0 ends up the most recent). Later
+lookups of the same request are answered from the tiers without asking the policies
+again. The request's keys come from vLLM's request context (``RequestKeys``).
+
+KV cache groups. A hybrid model's groups (full attention, sliding window, chunked
+local attention, Mamba state) are told apart by the group index at the end of every
+key, so one CPU tier holds them all, each group's blocks under its own keys. Which
+keys a hit needs is vLLM's connector's decision (a windowed group only the blocks of
+its window before the hit end); the manager answers for each key it is asked about.
 
 Threads: the manager's state is only touched by the thread that calls it. The mover's
 I/O threads never touch it (they report through the mover's queues, polled here). The
@@ -42,13 +48,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable
 from typing import Any
 
 from kvtier.blocks import BlockHash, Medium
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.metrics import (
+    LOADED_BLOCKS,
     LOOKUPS,
     PROMOTION_FAILURES,
     PROMOTIONS,
@@ -61,7 +68,7 @@ from kvtier.integrations.vllm.metrics import (
 )
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
-from kvtier.integrations.vllm.requests import RequestKeys
+from kvtier.integrations.vllm.requests import GROUP_SUFFIX, RequestKeys, group_of
 from kvtier.load_store_specs import BlockIdsSpec
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.tiering import TieredManager, TierJob
@@ -145,18 +152,18 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         return self._count("pending", compat.LookupResult.HIT_PENDING)
 
     def _admit(self, key: BlockHash, req_context: Any) -> None:
-        """At a request's first lookup: the policies see the whole request, the blocks
-        before ``key`` (served by vLLM's own cache) counted as reuses, as the reference
-        engine's admission does; a shared tier is asked about the rest."""
-        keys = self._keys.of(req_context, key)
-        if keys.admitted:
+        """At the first lookup of a request's KV cache group: the policies see the
+        group's whole request, the blocks vLLM's own cache served counted as reuses,
+        as the reference engine's admission does; a shared tier is asked about the
+        rest (``RequestKeys.admit``)."""
+        admission = self._keys.admit(req_context, key)
+        if admission is None:
             return
-        keys.admitted = True
-        first = keys.index(key)
+        request, first = admission
         target = self.tiered or self.cpu
-        target.lookup(keys.keys, first)
-        target.touch(keys.keys)
-        target.count_seen(keys.keys[:first])
+        target.lookup(request.keys, first)
+        target.touch(request.keys)
+        target.count_seen(request.keys[:first])
 
     def _count(self, result_name: str, result: Any) -> Any:
         self.metrics.add(LOOKUPS, 1, (result_name,))
@@ -170,6 +177,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         ks = [BlockHash(bytes(k)) for k in keys]
         spec = self.cpu.prepare_load(ks)
         assert isinstance(spec, BlockIdsSpec)
+        for group, n in Counter(group_of(k) for k in ks).items():
+            self.metrics.add(LOADED_BLOCKS, n, (str(group),))
         return compat.CPULoadStoreSpec([int(b) for b in spec.block_ids])
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
@@ -187,8 +196,11 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         ks = [BlockHash(bytes(k)) for k in keys]
         target = self.tiered or self.cpu
         out = target.prepare_store(ks)
-        if ks:
-            target.touch(self._keys.of(req_context, ks[0]).keys)  # the request is the newest
+        first_of_group: dict[bytes, BlockHash] = {}
+        for k in ks:
+            first_of_group.setdefault(bytes(k)[-GROUP_SUFFIX:], k)
+        for k in first_of_group.values():  # each group's request is the newest
+            target.touch(self._keys.of(req_context, k).keys)
         if out is None:
             return None
         spec = out.store_spec

@@ -14,10 +14,19 @@ blocks_per_chunk`` bytes; the CPU tier holds ``cpu_bytes_to_use // (shard * worl
 blocks (every rank's shard of a block lives in the shared region). The disk budget is
 split evenly between the ranks' stores.
 
+KV cache groups: a hybrid model's groups (full attention, sliding window, chunked
+local attention, Mamba state) all draw their GPU blocks from one pool of pages of one
+size, so one CPU tier holds every group's blocks, each under vLLM's key for it (block
+hash + group index), and a slab row holds one page of any group. vLLM's connector
+decides which keys a hit needs, group by group (a windowed group only the blocks of its
+window before the hit end); kvtier answers for each key, and its worker copies each
+group's pages of a job in turn (``worker.plan_job``).
+
 Storage identity: each rank's shards are stored under a fingerprint of the model
 (name, KV dtype, a digest of its checkpoint's files -- ``checkpoint`` -- and the
-optional ``model_identity`` key), the page size, the block size and the parallel
-layout *with the rank and world size*, so a rank never reads another's shard, and
+optional ``model_identity`` key), the page size, the block size, the KV cache groups
+(each group's layers and block size) and the parallel layout *with the rank and world
+size*, so a rank never reads another's shard, and
 an engine of another layout or model never reads either. Keys inside are vLLM's own
 ``OffloadKey`` (block hash + group index); vLLM's default sha256 block hashes are the
 same in every process and engine (with a non-cryptographic
@@ -62,14 +71,14 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        if len(config.groups) != 1:
-            raise ConfigError(
-                "kv_connector_extra_config",
-                f"the model has {len(config.groups)} KV cache groups; kvtier's vLLM spec "
-                "offloads models with one (full attention)",
-            )
+        if not config.groups:
+            raise ConfigError("kv_connector_extra_config", "vLLM offloads no KV cache group")
         self.blocks_per_chunk = int(config.cache.blocks_per_chunk)
-        self.block_size = int(config.groups[0].tokens_per_block) * self.blocks_per_chunk
+        # Tokens per offloaded block of the finest group (what kvtier's events report);
+        # each group's own is in the storage fingerprint (``identity.group_layout``).
+        self.block_size = min(int(g.tokens_per_block) for g in config.groups) * (
+            self.blocks_per_chunk
+        )
         self.settings = VllmSettings.from_extra_config(self.extra_config, self.block_size)
         self._weights: str | None = None  # the checkpoint digest, once needed
         cfg = self.settings.offloading
