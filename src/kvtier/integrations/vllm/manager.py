@@ -37,6 +37,8 @@ local attention, Mamba state) are told apart by the group index at the end of ev
 key, so one CPU tier holds them all, each group's blocks under its own keys. Which
 keys a hit needs is vLLM's connector's decision (a windowed group only the blocks of
 its window before the hit end); the manager answers for each key it is asked about.
+With Redis, a windowed group's blocks there are asked about all at once
+(``windows``): they are sparse, where the tiering's discovery expects a run.
 
 Threads: the manager's state is only touched by the thread that calls it. The mover's
 I/O threads never touch it (they report through the mover's queues, polled here). The
@@ -69,6 +71,7 @@ from kvtier.integrations.vllm.metrics import (
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
 from kvtier.integrations.vllm.requests import GROUP_SUFFIX, RequestKeys, group_of
+from kvtier.integrations.vllm.windows import WindowChecks
 from kvtier.load_store_specs import BlockIdsSpec
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.tiering import TieredManager, TierJob
@@ -81,6 +84,12 @@ _EVENT_SOURCE: dict[Medium, tuple[Any, Any, str | None]] = {
     Medium.REMOTE: (compat.Medium.STORAGE, compat.Locality.REMOTE, "kvtier-redis"),
 }
 """vLLM's (medium, locality, ownership) for each kvtier tier's events."""
+
+
+def _window_token(req_context: Any, key: BlockHash) -> tuple[str, bytes]:
+    """Names one request's windowed group for ``WindowChecks``."""
+    return (str(req_context.req_id), bytes(key)[-GROUP_SUFFIX:])
+
 
 REFUSED_CAP = 65536
 """Keys remembered as failed promotions (oldest forgotten first)."""
@@ -95,6 +104,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         region: the shared CPU memory (its status bytes report failed stores).
         mover: runs promotions and write-throughs, or ``None`` without slow tiers.
         on_shutdown: closes the stores and the region.
+        windows: asks Redis about windowed groups' blocks, or ``None`` without Redis.
     """
 
     def __init__(
@@ -104,11 +114,13 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         region: HostRegion,
         mover: RankMover | None = None,
         on_shutdown: Any = None,
+        windows: WindowChecks | None = None,
     ) -> None:
         self.cpu = cpu
         self.tiered = tiered
         self.region = region
         self.mover = mover
+        self.windows = windows
         self._on_shutdown = on_shutdown
         self._lock = threading.Lock()
         self._kinds: dict[int, str] = {}  # mover job id -> "promote" | "write"
@@ -140,8 +152,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         if tiered.holder(k) is None:
             tiered.lookup_known([k])  # adopts what finished existence checks found
         if tiered.holder(k) is None:
-            if tiered.discovering([k]):  # Redis is being asked about the run from k
-                return self._count("retry", compat.LookupResult.RETRY)
+            if tiered.discovering([k]) or self._checking_window(k, req_context):
+                return self._count("retry", compat.LookupResult.RETRY)  # Redis is asked
             return self._count("miss", compat.LookupResult.MISS)
         jobs = tiered.prepare_promotion([k])
         if not jobs:  # None: no CPU room now; []: cannot happen (not READY in CPU)
@@ -164,6 +176,16 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         target.lookup(request.keys, first)
         target.touch(request.keys)
         target.count_seen(request.keys[:first])
+        if request.windowed and self.windows is not None:
+            self.windows.ask(_window_token(req_context, key), request.keys[first:])
+
+    def _checking_window(self, key: BlockHash, req_context: Any) -> bool:
+        """Whether Redis is being asked about ``key``'s windowed group (``windows``)."""
+        return (
+            self.windows is not None
+            and self._keys.of(req_context, key).windowed
+            and self.windows.asking(_window_token(req_context, key))
+        )
 
     def _count(self, result_name: str, result: Any) -> Any:
         self.metrics.add(LOOKUPS, 1, (result_name,))
@@ -254,6 +276,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         return bool(
             (self.mover is not None and self.mover.in_flight)
             or (self.tiered is not None and self.tiered.has_pending_work)
+            or (self.windows is not None and self.windows.in_flight)
         )
 
     def take_events(self) -> Iterable[Any]:
@@ -292,6 +315,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         """Finish in-flight tier jobs, stop the threads, close the stores and the region."""
         if self.tiered is not None:
             self.tiered.shutdown()  # its existence checks
+        if self.windows is not None:
+            self.windows.shutdown()
         if self.mover is not None:
             self.mover.shutdown()
             self._poll()
@@ -301,6 +326,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
     # -- internals --------------------------------------------------------------------
 
     def _poll(self) -> None:
+        if self.windows is not None:
+            self.windows.adopt()
         if self.mover is None:
             return
         tiered = self.tiered

@@ -55,11 +55,14 @@ class Request:
         ends: the token position where each key's block ends (``None`` where vLLM
             recorded none: a key only looked up).
         admitted: whether the policies have been shown the group's keys.
+        windowed: whether vLLM looked the group up from the right (its first lookup
+            was past where vLLM's own cache stopped): a windowed group.
     """
 
     keys: list[BlockHash] = field(default_factory=list)
     ends: list[int | None] = field(default_factory=list)
     admitted: bool = False
+    windowed: bool = False
     _index: dict[BlockHash, int] = field(default_factory=dict)
 
     def index(self, key: BlockHash) -> int:
@@ -133,6 +136,7 @@ class RequestKeys:
         doc); ``None`` when the group was admitted before.
 
         Without recorded positions the group's served keys are those before ``key``.
+        Sets ``windowed`` (see ``Request``).
         """
         request = self.of(req_context, key)
         if request.admitted:
@@ -143,7 +147,9 @@ class RequestKeys:
             record.served = request.start(key)
         if record.served is None:
             return request, request.index(key)
-        return request, request.before(record.served)
+        first = request.before(record.served)
+        request.windowed = request.index(key) > first
+        return request, first
 
     def _read(self, req_context: Any) -> _Record:
         record = self._records.get(req_context.req_id)

@@ -139,13 +139,13 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
                     enable_events=events,
                 )
             )
+        redis: TierManager | None = None
         if cfg.remote_url is not None:
             remotes = [
                 tiers.open_remote(cfg, self._fingerprint(rank)) for rank in range(self.world_size)
             ]
-            secondaries.append(
-                tiers.remote_tier(cfg, block_size=self.block_size, enable_events=events)
-            )
+            redis = tiers.remote_tier(cfg, block_size=self.block_size, enable_events=events)
+            secondaries.append(redis)
 
         def close() -> None:
             for store in [*disks, *remotes]:
@@ -156,6 +156,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         if not secondaries:
             return KvtierManager(cpu, None, region, on_shutdown=close)
         from kvtier.integrations.vllm.mover import EveryRank, RankMover
+        from kvtier.integrations.vllm.windows import WindowChecks
 
         mover = RankMover(
             [region.slab(r) for r in range(self.world_size)],
@@ -168,7 +169,8 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         # block is there for this engine when every rank's shard is.
         shared = {Medium.REMOTE: EveryRank(remotes)} if remotes else None
         tiered = tiers.tiering(cfg, cpu, secondaries, shared)
-        return KvtierManager(cpu, tiered, region, mover, on_shutdown=close)
+        windows = WindowChecks(EveryRank(remotes), redis) if redis is not None else None
+        return KvtierManager(cpu, tiered, region, mover, on_shutdown=close, windows=windows)
 
     def _fingerprint(self, rank: int) -> bytes:
         """Rank ``rank``'s storage fingerprint (the checkpoint digested once)."""
