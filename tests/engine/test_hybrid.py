@@ -18,6 +18,7 @@ import torch
 
 from kvtier.engine import LLM, build_model
 from kvtier.engine.models import load_model, save_model
+from tests.byte_oracle import install_recorder
 from tests.tiny import TINY
 
 from .workload import GPU_BLOCKS, PAGE, chats
@@ -70,12 +71,16 @@ def test_the_window_is_in_force(hybrid: Any) -> None:
 def test_offloading_gives_the_same_tokens(hybrid: Any) -> None:
     def serve(offload: dict[str, Any] | None) -> tuple[list[list[int]], int]:
         llm = LLM(model=hybrid, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=offload)
+        recorder = install_recorder(llm) if offload is not None else None
         outs, loaded = [], 0
         for p in chats():
             outs += llm.generate([p], max_new_tokens=4)
             assert llm.last_stats is not None
             loaded += llm.last_stats.offload.loaded_blocks
         llm.close()
+        if recorder is not None:  # the byte oracle: every page loaded is the page stored
+            assert recorder.mismatches == []
+            assert recorder.pages_checked >= loaded
         return outs, loaded
 
     reference, _ = serve(None)
