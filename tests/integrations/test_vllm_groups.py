@@ -227,3 +227,78 @@ def test_another_grouping_of_the_layers_is_another_fingerprint() -> None:
     assert fingerprint(alternating) != fingerprint(
         [(0, 64, ["l.0", "l.2"]), (1, 32, ["l.1", "l.3"])]
     )
+
+
+def test_a_model_of_windowed_groups_only_is_found_windowed_by_its_second_lookup() -> None:
+    """Without a full-attention group vLLM's first lookup is a window's rightmost block:
+    where vLLM's own cache stopped is not known then, and the group is found windowed
+    when vLLM looks up a block to its left."""
+    keys = RequestKeys()
+    ctx = Context("r", recorded(chunks=5, groups=1))
+    admitted = keys.admit(ctx, BlockHash(key(4, 0)))
+    assert admitted is not None and admitted[1] == 4 and not admitted[0].windowed
+    request = keys.of(ctx, BlockHash(key(3, 0)))
+    assert request.looked_up(BlockHash(key(3, 0))) is True
+    assert request.windowed and request.first_looked == 4
+    assert request.looked_up(BlockHash(key(2, 0))) is False  # found once
+
+
+# -- WindowChecks: every block of a window Redis holds -----------------------------------
+
+
+class FakeShared:
+    """A shared store holding ``held``; ``outages`` counts simulated outages."""
+
+    def __init__(self, held: set[bytes]) -> None:
+        self.held = held
+        self.outages = 0
+        self.asked: list[list[bytes]] = []
+
+    def exists_many(self, keys: Any) -> list[bool]:
+        self.asked.append(list(keys))
+        return [k in self.held for k in keys]
+
+
+def remote_index() -> Any:
+    from kvtier.scheduler import CPUOffloadingManager
+
+    return CPUOffloadingManager(num_blocks=16, block_size=32, eviction_policy="lru")
+
+
+def test_window_checks_adopt_every_block_found_not_only_a_leading_run() -> None:
+    """Windows are sparse: blocks 3 and 4 of a request whose blocks 0-2 were never
+    stored. The tiering's discovery adopts a leading run (none here); these checks
+    adopt both."""
+    from kvtier.integrations.vllm.windows import WindowChecks
+
+    blocks = [BlockHash(key(i, 0)) for i in range(5)]
+    store = FakeShared({blocks[3], blocks[4]})
+    index = remote_index()
+    checks = WindowChecks(store, index)
+    try:
+        assert checks.ask(("r", b"g"), blocks) is True
+        assert checks.ask(("r", b"g"), blocks) is False  # once per request and group
+        checks.wait()
+        assert not checks.asking(("r", b"g"))
+        checks.adopt()
+        assert sorted(index.keys()) == sorted([blocks[3], blocks[4]])
+        assert store.asked == [blocks]
+    finally:
+        checks.shutdown()
+
+
+def test_window_checks_answered_across_an_outage_are_dropped() -> None:
+    from kvtier.integrations.vllm.windows import WindowChecks
+
+    blocks = [BlockHash(key(i, 0)) for i in range(3)]
+    store = FakeShared(set(blocks))
+    index = remote_index()
+    checks = WindowChecks(store, index)
+    try:
+        checks.ask(("r", b"g"), blocks)
+        checks.wait()
+        store.outages += 1  # Redis restarted after the check: its answer may be stale
+        checks.adopt()
+        assert index.keys() == []
+    finally:
+        checks.shutdown()

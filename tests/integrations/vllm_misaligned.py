@@ -6,8 +6,9 @@ another position -- with every byte intact. ``MisalignedSpec`` plants it: the lo
 group ``misalign_group`` (a ``kv_connector_extra_config`` key of this spec only) are
 shifted one block towards the prompt's start: each GPU block of the group gets the
 bytes of the group's block before it in the load (the first keeps its own), and a load
-of one block of the group (a state, or a one-block window) gets the bytes of the
-group's nearest other block the CPU tier holds for the request. A shift, not a
+of one block of the group (a state, or a one-block window) gets the bytes of another
+block of the group the CPU tier holds (the request's nearest, else another request's:
+vLLM keeps one Mamba state per request, at its last full block). A shift, not a
 rotation: attention over a window is a sum over its keys, so a window's blocks
 loaded in another order would give the same tokens. vLLM loads this spec by module
 path like the real one (``spec_module_path: tests.integrations.vllm_misaligned``).
@@ -45,15 +46,27 @@ class MisalignedManager(KvtierManager):
         for i, j in zip(mine[1:], mine[:-1], strict=True):  # a window, one block early
             wrong[i] = ids[j]
         if len(mine) == 1:  # one block: another position's
-            key = ks[mine[0]]
-            request = self._keys.of(req_context, key)
-            at = request.index(key)
-            for i in sorted(range(len(request.keys)), key=lambda i: abs(i - at))[1:]:
-                slot = self.cpu.slot(request.keys[i])
-                if slot is not None and self.cpu.state(request.keys[i]) is BlockState.READY:
-                    wrong[mine[0]] = int(slot)
-                    break
+            wrong[mine[0]] = self._other_position(ks[mine[0]], req_context, ids[mine[0]])
         return compat.CPULoadStoreSpec(wrong)
+
+    def _other_position(self, key: BlockHash, req_context: Any, own: int) -> int:
+        """The slot of the group's block nearest ``key`` in its request that the CPU
+        tier holds, else of any other block of the group it holds (vLLM keeps one
+        Mamba state per request: the one at its last block)."""
+        request = self._keys.of(req_context, key)
+        at = request.index(key)
+        nearest = sorted(range(len(request.keys)), key=lambda i: abs(i - at))[1:]
+        others = sorted(self.cpu.keys(), key=lambda k: self.cpu.slot(k) or 0)
+        for other in [*(request.keys[i] for i in nearest), *others]:
+            slot = self.cpu.slot(other)
+            if (
+                other != key
+                and group_of(other) == self.misalign_group
+                and slot is not None
+                and self.cpu.state(other) is BlockState.READY
+            ):
+                return int(slot)
+        raise AssertionError("the CPU tier holds no other block of the misaligned group")
 
 
 class MisalignedSpec(KvtierOffloadingSpec):

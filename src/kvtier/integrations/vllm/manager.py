@@ -177,15 +177,23 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         target.touch(request.keys)
         target.count_seen(request.keys[:first])
         if request.windowed and self.windows is not None:
-            self.windows.ask(_window_token(req_context, key), request.keys[first:])
+            keys = request.keys[first : request.first_looked + 1]
+            self.windows.ask(_window_token(req_context, key), keys)
 
     def _checking_window(self, key: BlockHash, req_context: Any) -> bool:
-        """Whether Redis is being asked about ``key``'s windowed group (``windows``)."""
-        return (
-            self.windows is not None
-            and self._keys.of(req_context, key).windowed
-            and self.windows.asking(_window_token(req_context, key))
-        )
+        """Whether Redis is being asked about ``key``'s windowed group (``windows``).
+
+        A group found windowed only now (vLLM's first lookup of the request was this
+        group's rightmost block: a model without a full-attention group) is asked
+        about from its first block: where vLLM's own cache stopped is not known.
+        """
+        if self.windows is None:
+            return False
+        request = self._keys.of(req_context, key)
+        token = _window_token(req_context, key)
+        if request.looked_up(key):
+            self.windows.ask(token, request.keys[: request.first_looked + 1])
+        return request.windowed and self.windows.asking(token)
 
     def _count(self, result_name: str, result: Any) -> Any:
         self.metrics.add(LOOKUPS, 1, (result_name,))

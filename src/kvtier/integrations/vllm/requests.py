@@ -55,14 +55,17 @@ class Request:
         ends: the token position where each key's block ends (``None`` where vLLM
             recorded none: a key only looked up).
         admitted: whether the policies have been shown the group's keys.
-        windowed: whether vLLM looked the group up from the right (its first lookup
-            was past where vLLM's own cache stopped): a windowed group.
+        windowed: whether vLLM looks the group up from the right: a windowed group
+            (its first lookup was past where vLLM's own cache stopped, or a later one
+            came before it; see ``looked_up``).
+        first_looked: where in ``keys`` the group's first lookup was.
     """
 
     keys: list[BlockHash] = field(default_factory=list)
     ends: list[int | None] = field(default_factory=list)
     admitted: bool = False
     windowed: bool = False
+    first_looked: int = 0
     _index: dict[BlockHash, int] = field(default_factory=dict)
 
     def index(self, key: BlockHash) -> int:
@@ -82,6 +85,15 @@ class Request:
                 break
             n += 1
         return n
+
+    def looked_up(self, key: BlockHash) -> bool:
+        """Note a lookup of ``key`` after the group's first; whether it showed the group
+        windowed just now (a lookup left of the first: vLLM scans it from the right,
+        which it does for every group when the model has no full-attention one)."""
+        if self.windowed or self.index(key) >= self.first_looked:
+            return False
+        self.windowed = True
+        return True
 
     def _append(self, key: BlockHash, end: int | None) -> None:
         """Append ``key`` (ending at token ``end``) unless it is there. A recorded key
@@ -142,13 +154,14 @@ class RequestKeys:
         if request.admitted:
             return None
         request.admitted = True
+        request.first_looked = request.index(key)
         record = self._records[req_context.req_id]
         if record.served is None:
             record.served = request.start(key)
         if record.served is None:
             return request, request.index(key)
         first = request.before(record.served)
-        request.windowed = request.index(key) > first
+        request.windowed = request.first_looked > first
         return request, first
 
     def _read(self, req_context: Any) -> _Record:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvtier.blocks import BlockHash
 from kvtier.errors import KvtierError
@@ -80,6 +80,10 @@ class WindowChecks:
     @property
     def in_flight(self) -> int:
         return sum(not check.done() for check in self._checks.values())
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the checks in flight have finished (for tests)."""
+        wait(list(self._checks.values()), timeout=timeout_s)
 
     def shutdown(self) -> None:
         for check in self._checks.values():
