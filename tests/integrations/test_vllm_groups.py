@@ -302,3 +302,20 @@ def test_window_checks_answered_across_an_outage_are_dropped() -> None:
         assert index.keys() == []
     finally:
         checks.shutdown()
+
+
+def test_the_start_up_log_names_every_group() -> None:
+    require_vllm()
+    from kvtier.integrations.vllm.spec import describe_groups
+
+    config = offloading_config([(0, 32, ["l.0", "l.2"]), (1, 32, ["l.1", "l.3"])])
+    assert describe_groups(config) == (
+        "2 KV cache group(s): group 0 (l.0, l.2; 32 tokens a block); "
+        "group 1 (l.1, l.3; 32 tokens a block)"
+    )
+    for g, window in zip(config.groups, (2, None), strict=True):
+        g.sliding_window_size_in_chunks = window  # what vLLM 0.33 adds
+    assert "group 0 (l.0, l.2; 32 tokens a block, a window of 2 offloaded block(s))" in (
+        describe_groups(config)
+    )
+    assert "group 1 (l.1, l.3; 32 tokens a block, full attention)" in describe_groups(config)

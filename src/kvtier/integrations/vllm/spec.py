@@ -54,6 +54,25 @@ from kvtier.scheduler import TierManager
 logger = logging.getLogger(__name__)
 
 
+def describe_groups(config: Any) -> str:
+    """vLLM's KV cache groups in words (what the log says at start-up): each group's
+    index, layers, tokens per block and, where vLLM says (0.33), its window."""
+    parts = []
+    for g in config.groups:
+        kind = ""
+        if hasattr(g, "sliding_window_size_in_chunks"):  # vLLM 0.33
+            window = g.sliding_window_size_in_chunks
+            kind = (
+                ", full attention"
+                if window is None
+                else f", a window of {window} offloaded block(s)"
+            )
+        layers = list(g.layer_names)
+        shown = ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+        parts.append(f"group {g.group_id} ({shown}; {g.tokens_per_block} tokens a block{kind})")
+    return f"{len(parts)} KV cache group(s): " + "; ".join(parts)
+
+
 class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
     """kvtier's CPU tier (with disk and Redis behind it) for vLLM. See the module doc.
 
@@ -115,6 +134,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
     def _build_manager(self) -> KvtierManager:
         cfg = self.settings.offloading
+        logger.info("kvtier: offloading %s", describe_groups(self.config))
         region = HostRegion.open(self.region_path, self.layout)
         events = cfg.enable_events and self.kv_events_config.enable_kv_cache_events
         cpu = tiers.cpu_tier(
