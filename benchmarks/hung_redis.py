@@ -6,9 +6,14 @@ seeded requests (fresh prompts, so every admission asks Redis) through three eng
 side by side, round after round: no offloading; a remote tier on a healthy
 ``redis-server``; and the same with the server SIGSTOPped for its rounds. A *step* is
 one ``schedule`` + forward + ``update`` of the engine loop (steps where every request
-waits are not steps; their cost shows in TTFT). Medians and tails per engine, and
-ratios against no offloading, go to one summary line and a JSON file. Run from the
-repository root (needs ``redis-server`` on PATH)::
+waits are not steps; their cost shows in TTFT). Then ``--fresh`` times, alternated,
+fresh engines serve one request each -- without offloading, with the CPU tier alone,
+with the remote tier, and with the remote tier built while the server is SIGSTOPped:
+their first call (``generate`` of that request) and their construction (which, with
+the remote tier, includes the store's first contact: one ``remote_timeout_s`` with
+the server hung).
+Medians and tails per engine, and ratios against no offloading, go to one summary
+line and a JSON file. Run from the repository root (needs ``redis-server`` on PATH)::
 
     PYTHONPATH=src python benchmarks/hung_redis.py --out benchmarks/results/hung-redis.json
 """
@@ -100,6 +105,48 @@ def summary(steps: list[float], ttfts: list[float]) -> dict[str, float | int]:
     }
 
 
+def first_calls(
+    model: Any,
+    remote: dict[str, Any],
+    server: subprocess.Popen[bytes],
+    rng: random.Random,
+    args: argparse.Namespace,
+) -> dict[str, dict[str, Any]]:
+    """Fresh engines, alternated: without offloading, with the CPU tier alone, with the
+    remote tier too, and with it built (and served) while the server is SIGSTOPped; the
+    first call and the construction of each."""
+    cpu_only = {k: v for k, v in remote.items() if not k.startswith("remote_")}
+    kinds = {"none": None, "cpu": cpu_only, "redis": remote, "redis_sigstop": remote}
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"first_call": [], "build": []} for name in kinds
+    }
+    for _ in range(args.fresh):
+        prompt = [rng.randrange(512) for _ in range(args.prompt_tokens)]
+        for name, offload in kinds.items():
+            if name == "redis_sigstop":
+                server.send_signal(signal.SIGSTOP)
+            try:
+                t0 = time.perf_counter()
+                llm = LLM(model=model, num_gpu_blocks=256, block_size=PAGE, offload=offload)
+                t1 = time.perf_counter()
+                llm.generate([prompt], args.new_tokens)
+                t2 = time.perf_counter()
+                llm.close()
+            finally:
+                server.send_signal(signal.SIGCONT)
+            times[name]["build"].append(t1 - t0)
+            times[name]["first_call"].append(t2 - t1)
+    return {
+        name: {
+            "first_call_median_ms": 1e3 * statistics.median(t["first_call"]),
+            "first_call_max_ms": 1e3 * max(t["first_call"]),
+            "build_median_ms": 1e3 * statistics.median(t["build"]),
+            "first_call_ms_runs": [round(1e3 * x, 2) for x in t["first_call"]],
+        }
+        for name, t in times.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -107,6 +154,7 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=96)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--timeout-s", type=float, default=1.0, help="remote_timeout_s")
+    parser.add_argument("--fresh", type=int, default=8, help="fresh engines of each kind")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if shutil.which("redis-server") is None:
@@ -150,6 +198,7 @@ def main() -> None:
                         ttfts[name] += [r.ttft_s for r in llm.last_stats.requests]
                 finally:
                     server.send_signal(signal.SIGCONT)
+        fresh = first_calls(model, remote, server, rng, args)
     finally:
         server.send_signal(signal.SIGCONT)
         for llm in engines.values():
@@ -175,6 +224,7 @@ def main() -> None:
         },
         "same_tokens": same,
         "results": results,
+        "fresh_engines": fresh,
     }
     hung, none = results["redis_sigstop"], results["none"]
     print(
@@ -183,7 +233,11 @@ def main() -> None:
         f"SIGSTOPped redis {hung['step_median_ms']:.2f} ms "
         f"({hung['step_median_vs_none']:.2f}x, p99 {hung['step_p99_ms']:.2f} vs "
         f"{none['step_p99_ms']:.2f} ms); TTFT median hung {hung['ttft_median_ms']:.1f} ms "
-        f"vs {none['ttft_median_ms']:.1f} ms; same tokens: {same}"
+        f"vs {none['ttft_median_ms']:.1f} ms; same tokens: {same}; fresh engines' first "
+        f"call median none {fresh['none']['first_call_median_ms']:.1f} ms, CPU tier "
+        f"{fresh['cpu']['first_call_median_ms']:.1f} ms, redis "
+        f"{fresh['redis']['first_call_median_ms']:.1f} ms, SIGSTOPped redis "
+        f"{fresh['redis_sigstop']['first_call_median_ms']:.1f} ms"
     )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

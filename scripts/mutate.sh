@@ -47,7 +47,7 @@ run_target() {
       tests='["tests/scheduler/", "tests/sim/test_slru.py"]' ;;
     manager)
       # The scheduler side without the policies (they have their own target).
-      sources='["src/kvtier/scheduler/manager.py", "src/kvtier/scheduler/tiering.py", "src/kvtier/scheduler/slots.py", "src/kvtier/scheduler/discovery.py", "src/kvtier/scheduler/protocol.py"]'
+      sources='["src/kvtier/scheduler/manager.py", "src/kvtier/scheduler/tiering.py", "src/kvtier/scheduler/slots.py", "src/kvtier/scheduler/discovery.py", "src/kvtier/scheduler/protocol.py", "src/kvtier/scheduler/serve.py"]'
       tests='["tests/scheduler/", "tests/connector/"]' ;;
     connector)
       sources='["src/kvtier/connector/scheduler_half.py", "src/kvtier/connector/worker_half.py"]'

@@ -6,18 +6,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# The remote tier's tests start real redis-server processes (Debian's package).
-if ! command -v redis-server >/dev/null 2>&1; then
+# The remote tier's tests start real redis-server processes (Debian's package), some
+# with TLS certificates made by openssl.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server openssl >/dev/null
     # Debian starts a system-wide server on 6379; the tests start their own on free ports.
     (service redis-server stop || systemctl stop redis-server) >/dev/null 2>&1 || true
   else
     # Not root (or no apt): nothing is installed system-wide. kvtier itself needs no
     # redis-server; only the remote tier's tests (and `kvtier bench remote`) start one.
-    echo "setup: redis-server is not on PATH and setup installs system packages only as" \
-         "root. Install it (sudo apt-get install -y redis-server, or any redis-server on" \
-         "PATH), or run the tests with KVTIER_SKIP_REDIS=1 to skip the remote tier's tests." >&2
+    echo "setup: redis-server or openssl is not on PATH and setup installs system packages" \
+         "only as root. Install them (sudo apt-get install -y redis-server openssl, or any" \
+         "redis-server on PATH), or run the tests with KVTIER_SKIP_REDIS=1 to skip the remote" \
+         "tier's tests." >&2
   fi
 fi
 if [ ! -x .venv/bin/python ]; then

@@ -7,6 +7,11 @@ stopping it, e.g. pytest killed by a CI timeout), with no
 persistence (``--save '' --appendonly no``) and its working directory in a temporary
 directory. CI installs Debian's ``redis-server``; without it these tests fail and say
 how to install it, unless ``KVTIER_SKIP_REDIS=1`` asks to skip them.
+
+A server may require a password (``--requirepass``), take its users from an ACL file
+(``username`` is who the helper itself logs in as), or listen on TLS only (``tls``:
+``--port 0 --tls-port <port>``, its certificates from ``tests/certificates.py``,
+client certificates required unless ``tls_auth_clients`` says otherwise).
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from tests.certificates import Certificates
 
 START_TIMEOUT_S = 10.0
 PORT_TRIES = 5
@@ -90,15 +98,36 @@ class RedisServer:
     Args:
         workdir: a fresh directory for the server's files.
         args: extra ``redis-server`` arguments (``--maxmemory 1mb``, ...).
-        password: started with ``--requirepass`` this password when given.
+        password: the password the helper logs in with; without ``username`` the
+            server is started with ``--requirepass`` it.
+        username: the ACL user the helper logs in as (the server's ACL file, given in
+            ``args``, defines it).
+        tls: listen on TLS only, with these certificates.
+        tls_auth_clients: ``--tls-auth-clients`` (``yes``: a client certificate is
+            required; ``optional``; ``no``).
     """
 
     def __init__(
-        self, workdir: Path, args: Sequence[str] = (), password: str | None = None
+        self,
+        workdir: Path,
+        args: Sequence[str] = (),
+        password: str | None = None,
+        username: str | None = None,
+        tls: Certificates | None = None,
+        tls_auth_clients: str = "yes",
     ) -> None:
         self.workdir = workdir
         self.password = password
-        self.args = list(args) + (["--requirepass", password] if password else [])
+        self.username = username
+        self.tls = tls
+        self.args = list(args)
+        if password and username is None:
+            self.args += ["--requirepass", password]
+        if tls is not None:
+            self.args += ["--tls-cert-file", str(tls.server_cert)]
+            self.args += ["--tls-key-file", str(tls.server_key)]
+            self.args += ["--tls-ca-cert-file", str(tls.ca)]
+            self.args += ["--tls-auth-clients", tls_auth_clients]
         self.port = free_port(cluster="--cluster-enabled" in self.args)
         self.proc: subprocess.Popen[bytes] | None = None
         self._started = False  # once started, the port is the server's: restarts keep it
@@ -106,7 +135,20 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The server's URL, without credentials (``rediss://`` over TLS)."""
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    def _login(self) -> dict[str, Any]:
+        """redis-py arguments that log the helper in (user, password, TLS files)."""
+        login: dict[str, Any] = {"username": self.username, "password": self.password}
+        if self.tls is not None:
+            login |= {
+                "ssl": True,
+                "ssl_ca_certs": str(self.tls.ca),
+                "ssl_certfile": str(self.tls.client_cert),
+                "ssl_keyfile": str(self.tls.client_key),
+            }
+        return login
 
     def start(self) -> RedisServer:
         """Start the server and wait until it answers (itself, not another on its port).
@@ -126,8 +168,12 @@ class RedisServer:
         return self._start()
 
     def _start(self) -> RedisServer:
-        cmd = [*_dies_with_parent(), "redis-server", "--port", str(self.port), "--bind"]
-        cmd += ["127.0.0.1"]
+        ports = (
+            ["--port", "0", "--tls-port", str(self.port)]
+            if self.tls
+            else ["--port", str(self.port)]
+        )
+        cmd = [*_dies_with_parent(), "redis-server", *ports, "--bind", "127.0.0.1"]
         cmd += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir), *self.args]
         log_path = self.workdir / "redis.log"
         seen = log_path.stat().st_size if log_path.exists() else 0
@@ -137,9 +183,7 @@ class RedisServer:
         # No retries inside a call (redis-py's default backs off for seconds): this loop
         # polls, and a port held by a process that never answers costs one timeout.
         once = Retry(NoBackoff(), 0)
-        with redis.Redis(
-            port=self.port, password=self.password, socket_timeout=1.0, retry=once
-        ) as client:
+        with redis.Redis(port=self.port, socket_timeout=1.0, retry=once, **self._login()) as client:
             while True:
                 try:
                     # Our process answers, not another server that holds the port.
@@ -197,13 +241,19 @@ class RedisServer:
         env.pop("REDISCLI_AUTH", None)
         if self.password:
             env["REDISCLI_AUTH"] = self.password
-        cmd = ["redis-cli", "-p", str(self.port), *args]
+        cmd = ["redis-cli", "-p", str(self.port)]
+        if self.username:
+            cmd += ["--user", self.username]
+        if self.tls is not None:
+            cmd += ["--tls", "--cacert", str(self.tls.ca)]
+            cmd += ["--cert", str(self.tls.client_cert), "--key", str(self.tls.client_key)]
+        cmd += args
         out = subprocess.run(cmd, capture_output=True, check=True, env=env)
         return out.stdout.decode(errors="replace").strip()
 
     def client(self) -> redis.Redis:
         """A plain redis-py client (for test set-up and inspection)."""
-        return redis.Redis(port=self.port, password=self.password, socket_timeout=5.0)
+        return redis.Redis(port=self.port, socket_timeout=5.0, **self._login())
 
 
 class RedisCluster:

@@ -78,7 +78,7 @@ def test_cpu_only_is_a_tiering_with_no_secondary_tier() -> None:
     assert manager.primary.num_blocks == 64 * 1024 // (2 * PAGE_BYTES)
 
 
-def test_a_remote_tier_is_a_shared_secondary_and_contacts_nothing() -> None:
+def test_a_remote_tier_is_a_shared_secondary_even_when_its_server_is_down() -> None:
     raw = {"cpu_bytes_to_use": "64KiB", "remote_url": "redis://127.0.0.1:1/0"}
     spec = OffloadingSpec(raw, GEOMETRY)
     manager = spec.get_manager()

@@ -11,6 +11,7 @@ from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.media.disk_layout import block_file_size
+from kvtier.media.remote_options import RemoteOptions
 from kvtier.scheduler.manager import BlockState
 
 PAYLOAD = 4096
@@ -67,7 +68,7 @@ def test_the_remote_tier_gets_a_connection_per_io_thread_each_way_and_two_more()
     cfg = OffloadingConfig.from_dict(
         {"cpu_bytes_to_use": 1 << 20, "remote_url": "redis://127.0.0.1:1/0", "remote_io_threads": 3}
     )
-    options = tiers.remote_options(cfg)
+    options = RemoteOptions.from_config(cfg)
     assert options.max_connections == 2 * 3 + 2
     assert options.url == "redis://127.0.0.1:1/0"
     index = tiers.remote_tier(cfg, block_size=16, enable_events=False)

@@ -28,14 +28,17 @@ Keys (see ``docs/configuration.md``):
 ``disk_fsync``            fsync each block before it becomes visible (default false)
 ``disk_direct_io``        ``"auto"`` (default), true or false
 ``remote_url``            Redis/Valkey URL of a store shared by engines (none: no
-                          remote tier); ``redis://``, ``rediss://`` or ``unix://``
+                          remote tier); ``redis://``, ``rediss://`` or ``unix://``,
+                          with an ACL user (``redis://user@host``) if needed
 ``remote_cluster``        the URL names a node of a Redis Cluster (default false)
 ``remote_timeout_s``      connect/read timeout, seconds (default 1.0)
 ``remote_password_env``   environment variable holding the password (default
-                          ``KVTIER_REDIS_PASSWORD``; never the config file)
+                          ``KVTIER_REDIS_PASSWORD``; else the URL's, if it has one)
 ``remote_io_threads``     connections per direction, one I/O thread each way (default 2)
 ``remote_ttl_s``          expire values this long after writing (default: never)
 ``remote_tls_ca_file``    CA bundle for ``rediss://`` (default: the system's)
+``remote_tls_cert_file``  client certificate (PEM) for ``rediss://`` (default: none)
+``remote_tls_key_file``   its private key, if not in the certificate file
 ``remote_index_blocks``   remote blocks this engine remembers (default 1,000,000)
 ``remote_backoff_s``      first wait after a failure before retrying (default 0.5)
 ========================  =========================================================
@@ -48,6 +51,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvtier.errors import ConfigError
 from kvtier.keys import HASH_ALGORITHMS
@@ -168,7 +172,9 @@ def _remote_keys(raw: Mapping[str, Any], get: Callable[[str], object]) -> dict[s
             raise ConfigError(given[0], "is set but remote_url is not; set remote_url too")
         return {}
     if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError("remote_url", f"must be redis://, rediss:// or unix://, got {url!r}")
+        shown = urlsplit(url).scheme if isinstance(url, str) else type(url).__name__
+        # the URL itself may hold a password: only its scheme is shown
+        raise ConfigError("remote_url", f"must be redis://, rediss:// or unix://, got {shown!r}")
     return {
         "remote_url": url,
         "remote_cluster": _bool("remote_cluster", get("remote_cluster")),
@@ -177,6 +183,8 @@ def _remote_keys(raw: Mapping[str, Any], get: Callable[[str], object]) -> dict[s
         "remote_io_threads": positive_int("remote_io_threads", get("remote_io_threads")),
         "remote_ttl_s": _seconds("remote_ttl_s", get("remote_ttl_s"), optional=True),
         "remote_tls_ca_file": _optional_str("remote_tls_ca_file", get("remote_tls_ca_file")),
+        "remote_tls_cert_file": _optional_str("remote_tls_cert_file", get("remote_tls_cert_file")),
+        "remote_tls_key_file": _optional_str("remote_tls_key_file", get("remote_tls_key_file")),
         "remote_index_blocks": positive_int("remote_index_blocks", get("remote_index_blocks")),
         "remote_backoff_s": _seconds("remote_backoff_s", get("remote_backoff_s")),
     }
@@ -207,6 +215,8 @@ class OffloadingConfig:
     remote_io_threads: int = 2
     remote_ttl_s: float | None = None
     remote_tls_ca_file: str | None = None
+    remote_tls_cert_file: str | None = None
+    remote_tls_key_file: str | None = None
     remote_index_blocks: int = 1_000_000
     remote_backoff_s: float = 0.5
 

@@ -10,7 +10,8 @@ tiering -- so a tier is sized, opened, indexed and connected the same way everyw
   ``open_disk`` checks the file system and opens the store (mode 0700, locked);
   ``recovered_keys`` reads what one store -- or every rank's store of one engine --
   already holds, coldest first; ``disk_tier`` is the index over it.
-* ``remote_options`` / ``open_remote`` connect the Redis tier; ``remote_tier`` is the
+* ``open_remote`` connects the Redis tier (``RemoteOptions.from_config``: the
+  ``remote_*`` keys, 2n + 2 connections); ``remote_tier`` is the
   index of what this engine knows the shared store holds (the server's own maxmemory
   policy owns the real capacity, so the index is LRU over ``remote_index_blocks``).
 * ``cpu_tier`` is the primary tier; ``tiering`` composes it with the secondaries.
@@ -36,7 +37,6 @@ from kvtier.sizes import format_bytes
 
 if TYPE_CHECKING:
     from kvtier.media.disk import DiskStore
-    from kvtier.media.redis_client import RemoteOptions
     from kvtier.media.remote import RemoteStore
 
 
@@ -159,33 +159,12 @@ def disk_tier(
     return tier
 
 
-def remote_options(config: OffloadingConfig) -> RemoteOptions:
-    """How to reach the Redis tier (the ``remote_*`` keys).
-
-    Connections: one per I/O thread in each direction, one for the existence checks of
-    discovery (their own thread) and one for the store's own commands (DEL, PING).
-    """
-    from kvtier.media.circuit_breaker import Backoff
-    from kvtier.media.redis_client import RemoteOptions
-
-    assert config.remote_url is not None
-    return RemoteOptions(
-        url=config.remote_url,
-        cluster=config.remote_cluster,
-        timeout_s=config.remote_timeout_s,
-        password_env=config.remote_password_env,
-        ttl_s=config.remote_ttl_s,
-        max_connections=2 * config.remote_io_threads + 2,
-        tls_ca_file=config.remote_tls_ca_file,
-        backoff=Backoff(base_s=config.remote_backoff_s),
-    )
-
-
 def open_remote(config: OffloadingConfig, fingerprint: bytes) -> RemoteStore:
     """The Redis tier's client for blocks of ``fingerprint`` (it contacts nothing yet)."""
     from kvtier.media.remote import RemoteStore
+    from kvtier.media.remote_options import RemoteOptions
 
-    return RemoteStore.open(fingerprint, remote_options(config))
+    return RemoteStore.open(fingerprint, RemoteOptions.from_config(config))
 
 
 def remote_tier(config: OffloadingConfig, *, block_size: int, enable_events: bool) -> TierManager:

@@ -13,6 +13,7 @@ from kvtier.bench import remote as remote_bench
 from kvtier.bench.remote import fill_keyspace, redis_benchmark, rounds_for
 from kvtier.cli import main
 from kvtier.config import OffloadingConfig
+from kvtier.errors import ConfigError
 
 from ..redis_server import RedisServer, require_redis
 
@@ -124,3 +125,12 @@ def test_the_default_run_measures_the_io_threads_an_engine_gets_by_default() -> 
     engine = OffloadingConfig.from_dict({"cpu_bytes_to_use": "1GiB", "remote_url": "redis://h"})
     assert parser.parse_args([]).io_threads == engine.remote_io_threads
     assert parser.parse_args(["--io-threads", "4"]).io_threads == 4
+
+
+def test_a_url_with_credentials_is_refused_without_showing_them() -> None:
+    """redis-benchmark would need the password on its command line, where every user
+    of the machine can read it: such a URL is refused, and the refusal shows no
+    password."""
+    with pytest.raises(ConfigError) as e:
+        remote_bench.check_server("redis://alice:pw-83f1@127.0.0.1:1/0")
+    assert e.value.key == "--url" and "pw-83f1" not in str(e.value) and "alice" not in str(e.value)

@@ -219,3 +219,23 @@ def test_a_load_shorter_than_its_promotions_counts_each_loaded_block_once() -> N
     stats = h.take_stats()
     assert stats.hit_blocks == {Medium.CPU: 1}
     assert stats.loaded_blocks == 1
+
+
+def test_a_request_aborted_mid_load_with_a_store_in_flight_is_released_after_both() -> None:
+    """Its pages are written by the load and read by the store: the engine may reuse
+    them only when both are done, whichever ends first."""
+    for load_first in (True, False):
+        h = half(cpu_blocks=8)
+        keys = pages(4)
+        store_all(h, keys[:2], rid="w")
+        assert h.num_external_hit_pages("r", keys, 0, 17) == 2
+        h.start_load("r", keys, 0, [BlockId(0), BlockId(1)])
+        h.pages_full("r", keys, 4, [BlockId(i) for i in range(4)])
+        load, store = h.take_jobs(write_through=False)
+        assert (load.kind, store.kind) == (JobKind.LOAD, JobKind.STORE)
+        assert h.request_finished("r"), "jobs still use its pages"
+        first, second = (load, store) if load_first else (store, load)
+        assert finish(h, [first]).released == ()
+        assert finish(h, [second]).released == ("r",)
+        assert h.take_jobs(write_through=False) == []
+        assert not h.has_pending_work

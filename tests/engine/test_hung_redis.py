@@ -3,13 +3,16 @@
 The server keeps its socket open and answers nothing, the worst case for a client:
 every call waits for its timeout. ``lookup`` must return at once (its existence checks
 run on a background thread), the engine must keep serving the same tokens, and once
-the server resumes, what it holds is found again. No timing is asserted: a blocked
-call would hang the test into its pytest timeout instead.
+the server resumes, what it holds is found again. A fresh engine built while the
+server hangs must not wait for it on its first request either. No timing is asserted:
+a blocked call would hang the test into its pytest timeout instead, and an admission
+that waits for a discovery answer says so (it answers ``None``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from kvtier.blocks import BlockHash, Medium
 from kvtier.engine import LLM
 from kvtier.keys import ModelFingerprint
 from kvtier.offloading_spec import KVGeometry, OffloadingSpec
+from kvtier.scheduler.discovery import Discovery
 from tests.redis_server import RedisServer
 
 from .workload import GPU_BLOCKS, PAGE, chats
@@ -77,3 +81,68 @@ def test_the_engine_serves_the_same_tokens_while_redis_is_stopped(
         server.resume()
     assert outs == baseline
     assert cpu_hits > 0, "the CPU tier kept serving while Redis hung"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backoff_s", [0.5, 0.001])
+def test_a_fresh_engine_does_not_wait_on_its_first_request_for_a_redis_hung_from_its_start(
+    tiny_model: Any, server: RedisServer, baseline: list[list[int]], backoff_s: float
+) -> None:
+    """The engine is built while the server hangs: opening the store finds it hung (one
+    timeout, at start), and no admission waits for a discovery answer from it, the
+    first included (it once waited ``stall_s``, about 0.1 s, for the first check).
+    Waiting shows without a clock: an admission that waits answers ``None``. With a
+    backoff of 1 ms the first request's check is the breaker's probe, and hangs."""
+    offload = {**config(server.url, timeout_s=0.5), "block_size": PAGE, "cpu_bytes_to_use": "8MiB"}
+    offload["remote_backoff_s"] = backoff_s
+    server.pause()
+    with LLM(model=tiny_model, num_gpu_blocks=GPU_BLOCKS, block_size=PAGE, offload=offload) as llm:
+        half = llm.connector.scheduler
+        answers: list[int | None] = []
+        admit = half.num_external_hit_pages
+
+        def recorded(*args: Any) -> int | None:
+            answers.append(admit(*args))
+            return answers[-1]
+
+        half.num_external_hit_pages = recorded  # type: ignore[method-assign]
+        outs = [llm.generate([p], max_new_tokens=4)[0] for p in chats()]
+    server.resume()
+    assert outs == baseline
+    assert len(answers) == len(chats()) and None not in answers, answers
+
+
+class Blocked:
+    """A shared store whose checks wait for ``release``; ``outages`` as the store's."""
+
+    def __init__(self, outages: int) -> None:
+        self.outages = outages
+        self.release = threading.Event()
+
+    def exists_many(self, ks: Sequence[bytes]) -> list[bool]:
+        self.release.wait(60)
+        return [True] * len(ks)
+
+
+@pytest.mark.timeout(60)
+def test_a_store_failing_since_its_last_answer_is_not_waited_for_until_it_answers() -> None:
+    """An outage since the last answered check (here: at open, before any) makes the
+    checks not worth waiting for; the first answer makes them worth it again."""
+    store = Blocked(outages=1)
+    d = Discovery(store, stall_s=600.0)
+    keys = [BlockHash(bytes([i]) * 32) for i in range(3)]
+    try:
+        d.ask(keys)
+        assert d.failing and not d.asking(keys[0])
+        store.release.set()
+        d.wait()
+        assert [f.keys for f in d.answers()] == [tuple(keys)]
+        assert not d.failing
+        store.release.clear()
+        d.ask(keys[1:])
+        assert d.asking(keys[1]), "a store that answered since its outage is waited for"
+        store.outages = 2  # down again
+        assert not d.asking(keys[1])
+    finally:
+        store.release.set()
+        d.shutdown()

@@ -15,10 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError, TransferError
 from kvtier.media import block_format
 from kvtier.media.circuit_breaker import Backoff, CircuitBreaker, Health
 from kvtier.media.remote import ReadOutcome, RemoteOptions, RemoteStore
+from kvtier.media.remote_loop import BatchResult, Op, RemoteLoop
+from kvtier.media.remote_options import Endpoint, redacted_url
 
 from ..forking import held_by_another_thread, run_in_forked_child
 from ..redis_server import RedisServer
@@ -231,18 +234,18 @@ def test_ttl_sets_an_expiry(server: RedisServer) -> None:
 
 
 def test_password_comes_from_the_environment(tmp_path: Path) -> None:
+    """The password is the variable's; without it a server that wants one is refused
+    at open, naming the variable to set (never at the first batch)."""
     server = RedisServer(tmp_path, password="s3cret").start()
     try:
         options = RemoteOptions(url=server.url, password_env="KVTIER_TEST_PW")
         good = RemoteStore.open(FP, options, environ={"KVTIER_TEST_PW": "s3cret"})
         good.write_many([key(1)], [payload(1)])
         assert good.exists_many([key(1)]) == [True]
-        bad = RemoteStore.open(FP, options, environ={})
-        with pytest.raises(TransferError):
-            bad.exists_many([key(1)])
-        assert not bad.healthy
         good.close()
-        bad.close()
+        with pytest.raises(ConfigError, match=r"requires a password.*set KVTIER_TEST_PW") as e:
+            RemoteStore.open(FP, options, environ={})
+        assert e.value.key == "remote_password_env"
     finally:
         server.stop()
 
@@ -250,8 +253,14 @@ def test_password_comes_from_the_environment(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("kw", "config_key"),
     [
-        ({"url": "redis://:pw@127.0.0.1:6379"}, "remote_url"),
         ({"url": "http://127.0.0.1:6379"}, "remote_url"),
+        ({"url": "redis://127.0.0.1:6379/zero"}, "remote_url"),
+        ({"url": "redis://127.0.0.1:6379/0?password=pw"}, "remote_url"),
+        ({"url": "redis://127.0.0.1:6379/1", "cluster": True}, "remote_url"),
+        ({"url": "unix://"}, "remote_url"),
+        ({"tls_ca_file": "ca.pem"}, "remote_tls_ca_file"),
+        ({"tls_cert_file": "c.pem"}, "remote_tls_cert_file"),
+        ({"url": "rediss://h", "tls_key_file": "k.pem"}, "remote_tls_key_file"),
         ({"url": "unix:///tmp/redis.sock", "cluster": True}, "remote_cluster"),
         ({"timeout_s": 0.0}, "remote_timeout_s"),
         ({"ttl_s": -1.0}, "remote_ttl_s"),
@@ -317,7 +326,7 @@ def test_a_thread_waiting_for_a_connection_gets_the_next_one_released(
     finishes, its connection must go to the pool (which wakes the waiter), not to the
     idle stack the waiter no longer looks at: else the waiter times out with one idle."""
     s = open_store(server, max_connections=2, timeout_s=10.0)
-    link = s._connect()
+    link = s._connections()
     release_a, release_b, holding = threading.Event(), threading.Event(), threading.Barrier(3)
     got: list[object] = []
 
@@ -363,7 +372,7 @@ def test_a_forked_child_starts_afresh_while_a_parent_thread_holds_the_lock(
     keys, data = [key(i) for i in range(2)], [payload(i) for i in range(2)]
     try:
         s.write_many(keys, data)
-        link = s._connect()
+        link = s._connections()
         with link.owned() as conn:
             parents = conn  # parked idle now
 
@@ -432,3 +441,94 @@ def test_a_child_forked_while_the_parent_probes_the_store_probes_it_itself(
         breaker.record_success()
     finally:
         s.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "fields"),
+    [
+        ("redis://h", (False, "h", 6379, None, 0, None, None)),
+        (
+            "rediss://alice:p%40ss@10.0.0.2:7000/3",
+            (True, "10.0.0.2", 7000, None, 3, "alice", "p@ss"),
+        ),
+        ("redis://bob@[::1]:6380/", (False, "::1", 6380, None, 0, "bob", None)),
+        ("unix:///run/redis.sock?db=2", (False, None, 0, "/run/redis.sock", 2, None, None)),
+        ("unix://:pw@/run/redis.sock", (False, None, 0, "/run/redis.sock", 0, None, "pw")),
+    ],
+)
+def test_a_url_names_its_endpoint(url: str, fields: tuple[object, ...]) -> None:
+    e = Endpoint.parse(url)
+    assert (e.tls, e.host, e.port, e.path, e.db, e.username, e.password) == fields
+
+
+def test_credentials_are_left_out_of_the_options_repr() -> None:
+    shown = repr(RemoteOptions(url="rediss://alice:s3cret@h:1/2", tls_ca_file="ca.pem"))
+    assert "s3cret" not in shown and "alice" not in shown
+    assert "url='rediss://h:1/2'" in shown and "tls_ca_file='ca.pem'" in shown
+    assert redacted_url("unix://:pw@/run/r.sock?db=1") == "unix:///run/r.sock"
+
+
+def test_options_from_a_configuration_carry_every_remote_key() -> None:
+    cfg = OffloadingConfig.from_dict(
+        {
+            "cpu_bytes_to_use": "1MiB",
+            "remote_url": "rediss://h:1/2",
+            "remote_timeout_s": 2.5,
+            "remote_password_env": "PW",
+            "remote_io_threads": 3,
+            "remote_ttl_s": 9.0,
+            "remote_tls_ca_file": "ca.pem",
+            "remote_tls_cert_file": "client.pem",
+            "remote_tls_key_file": "client.key",
+            "remote_backoff_s": 0.25,
+        }
+    )
+    o = RemoteOptions.from_config(cfg)
+    got = (o.url, o.cluster, o.timeout_s, o.password_env, o.ttl_s, o.max_connections)
+    assert got == ("rediss://h:1/2", False, 2.5, "PW", 9.0, 8)
+    assert (o.tls_ca_file, o.tls_cert_file, o.tls_key_file) == (
+        "ca.pem",
+        "client.pem",
+        "client.key",
+    )
+    assert o.backoff.base_s == 0.25 and o.batch_bytes == RemoteOptions().batch_bytes
+    with pytest.raises(ConfigError) as e:
+        RemoteOptions.from_config(OffloadingConfig.from_dict({"cpu_bytes_to_use": "1MiB"}))
+    assert e.value.key == "remote_url"
+
+
+def test_a_bad_remote_url_is_reported_by_its_scheme_only() -> None:
+    """The URL may hold a password: the configuration's error shows its scheme."""
+    with pytest.raises(ConfigError) as e:
+        OffloadingConfig.from_dict({"cpu_bytes_to_use": "1MiB", "remote_url": "http://u:pw@h"})
+    assert e.value.key == "remote_url" and "pw" not in str(e.value) and "'http'" in str(e.value)
+
+
+def test_a_unix_socket_store_round_trips_through_store_and_loop(tmp_path: Path) -> None:
+    """``unix://<path>?db=1``: the store's own connection over a Unix socket, its
+    database selected, multiplexed by the I/O loop like a TCP one."""
+    path = tmp_path / "redis.sock"
+    server = RedisServer(tmp_path / "unix", ["--unixsocket", str(path), "--unixsocketperm", "700"])
+    server.start()
+    store = RemoteStore.open(FP, RemoteOptions(url=f"unix://{path}?db=1"), environ={})
+    loop = RemoteLoop(store, connections=2, name="test-unix-loop")
+    try:
+        assert store.healthy and store.multiplexable
+        keys = [key(i) for i in range(4)]
+        store.write_many(keys[:2], [payload(0), payload(1)])
+        done: list[BatchResult] = []
+        loop.submit(Op.STORE, keys[2:], [payload(2), payload(3)], done.append)
+        outs = np.zeros((4, BLOCK), np.uint8)
+        loop.submit(Op.LOAD, keys, list(outs), done.append)
+        loop.close()
+        assert [r.error for r in done] == [None, None]
+        assert list(done[1].outcomes) == [ReadOutcome.HIT] * 4
+        assert all(np.array_equal(outs[i], payload(i)) for i in range(4))
+        with server.client() as client:
+            assert client.dbsize() == 0  # database 0: the values went to database 1
+            client.select(1)
+            assert client.dbsize() == 4
+    finally:
+        loop.close()
+        store.close()
+        server.stop()

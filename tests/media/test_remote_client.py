@@ -1,6 +1,6 @@
-"""The wire pieces of the remote tier, without a server: ``ValuePacker`` packs what
-redis-py's own packer packs, ``ReplyReader`` reads replies however the kernel
-splits them, and loads keep their window of requests."""
+"""The wire pieces of the remote tier, without a server: commands are RESP as the
+protocol writes it, ``ReplyReader`` reads replies however the kernel splits them, and
+loads keep their window of requests."""
 
 from __future__ import annotations
 
@@ -11,46 +11,49 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from redis.connection import Encoder, PythonRespSerializer
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kvtier.media import block_format, remote_values
-from kvtier.media.redis_client import BlockValue, ReplyReader, ValuePacker, send_buffers
+from kvtier.media.resp import BlockValue, ErrorReply, ReplyReader, command, send_buffers
 
 
 def joined(chunks: list) -> bytes:
     return b"".join(bytes(c) for c in chunks)
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("PING",),
-        ("CLIENT SETINFO", "LIB-NAME", "redis-py"),
-        ("SET", b"k", b"v" * 10_000, "PX", 1500),
-        ("GET", b"kvtier:v1:00:11"),
-        ("EXISTS", b"a"),
-        ("HELLO", 3, "AUTH", "default", "pw"),
-        ("SET", b"k", memoryview(b"abc"), "PX", 2.5),
-    ],
-)
-def test_packs_what_redis_py_packs(args: tuple) -> None:
-    reference = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
-    assert joined(ValuePacker().pack(*args)) == joined(reference.pack(*args))
+def resp(*args: bytes) -> bytes:
+    """RESP of one command, written out from the protocol (the oracle)."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
-def test_block_value_goes_out_as_its_own_buffers() -> None:
-    page = np.arange(20_000, dtype=np.uint32).view(np.uint8)
-    value = BlockValue(b"HEADER", page.data.cast("B"))
-    chunks = ValuePacker().pack("SET", b"key", value)
-    assert any(c is value.payload for c in chunks)  # the page itself, not a copy
-    expected = ValuePacker().pack("SET", b"key", value.joined())
-    assert joined(chunks) == joined(expected)
+def test_command_is_resp_of_its_arguments() -> None:
+    assert command(b"PING") == b"*1\r\n$4\r\nPING\r\n"
+    assert command(b"SELECT", 12) == b"*2\r\n$6\r\nSELECT\r\n$2\r\n12\r\n"
+    assert command("AUTH", "al ice", b"p\r\nw") == resp(b"AUTH", b"al ice", b"p\r\nw")
 
 
-def test_unsupported_argument_is_refused() -> None:
-    with pytest.raises(TypeError):
-        ValuePacker().pack("SET", b"k", True)
+@pytest.mark.parametrize("step", [1, 3, 4096])
+def test_reply_reads_each_simple_kind(step: int) -> None:
+    """Statuses, errors (as values), integers, nil in RESP2 and RESP3, short bulk
+    strings (one with a CRLF inside); anything else is a stream out of step."""
+    data = b"+PONG\r\n-NOAUTH need one\r\n:7\r\n:-2\r\n$-1\r\n_\r\n$4\r\na\r\nb\r\n*1\r\n"
+    sock, t = serve(data, step)
+    reader = ReplyReader(sock, buffer_bytes=64)
+    got = [reader.reply() for _ in range(7)]
+    assert got[0] == b"PONG" and isinstance(got[1], ErrorReply) and str(got[1]) == "NOAUTH need one"
+    assert got[2:] == [7, -2, None, None, b"a\r\nb"]
+    with pytest.raises(ConnectionError, match="unexpected reply"):
+        reader.reply()
+    t.join()
+    sock.close()
+
+
+@pytest.mark.parametrize("bad", [b":x\r\n", b"$x\r\n", b"$-5\r\n", b"$1\r\nabc\r\n"])
+def test_a_malformed_simple_reply_is_a_stream_out_of_step(bad: bytes) -> None:
+    sock, t = serve(bad, 4096)
+    with pytest.raises(ConnectionError):
+        ReplyReader(sock, buffer_bytes=64).reply()
+    t.join()
+    sock.close()
 
 
 def serve(data: bytes, step: int) -> tuple[socket.socket, threading.Thread]:
@@ -90,7 +93,7 @@ def test_reader_reads_lines_and_values_across_any_split(step: int, scatter: bool
     reader.skip(2)
     assert reader.line() == b"$3"
     reader.skip(5)
-    with pytest.raises(RedisConnectionError):
+    with pytest.raises(ConnectionError):
         reader.line()  # the peer closed
     t.join()
     sock.close()
@@ -114,7 +117,7 @@ def test_take_if_consumes_only_what_matches_across_any_split(step: int) -> None:
     assert reader.take_if(ok * 3)
     assert not reader.take_if(ok * 2)  # known at its first byte: no wait for more
     assert reader.line() == b"-X"
-    with pytest.raises(RedisConnectionError):
+    with pytest.raises(ConnectionError):
         reader.take_if(ok)  # the peer closed
     t.join()
     sock.close()
@@ -192,7 +195,7 @@ def test_send_buffers_sends_every_byte_in_order_through_partial_sends() -> None:
     buffers.insert(1500, big.data.cast("B"))
     a, b = socket.socketpair()
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    a.settimeout(10.0)  # as redis-py's sockets: non-blocking inside, so sends are partial
+    a.settimeout(10.0)  # as the store's sockets: non-blocking inside, so sends are partial
     got = bytearray()
 
     def drain() -> None:
@@ -277,7 +280,7 @@ class OneConnection:
     """``Connections`` with one connection over ``sock``."""
 
     def __init__(self, sock: WindowSocket) -> None:
-        self.conn = type("Conn", (), {"_sock": sock})()
+        self.conn = type("Conn", (), {"sock": sock})()
 
     @contextlib.contextmanager
     def owned(self) -> Iterator[object]:
@@ -316,23 +319,17 @@ def test_loads_keep_at_most_the_window_outstanding_and_ask_each_key_once(
 
 @pytest.mark.parametrize("px", [None, 7, 123_456_789])
 @pytest.mark.parametrize("count", [1, 3])
-def test_set_commands_are_what_redis_py_sends_without_copying_a_page(
-    count: int, px: int | None
-) -> None:
-    """``set_commands`` (the store path's own formatting) sends, byte for byte, what
-    redis-py's serializer sends for ``SET name header+page [PX px]``, each page as
-    itself."""
-    reference = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+def test_set_commands_are_resp_of_set_without_copying_a_page(count: int, px: int | None) -> None:
+    """``set_commands`` (the store path's own formatting) sends, byte for byte, RESP of
+    ``SET name header+page [PX px]``, each page as itself."""
     rng = np.random.default_rng(count)
     pages = [rng.integers(0, 256, 10_000 + i, dtype=np.uint8) for i in range(count)]
     batch = [
         (b"kvtier:v1:%d" % (10**i), BlockValue(b"H%d" % i * 30, p.data.cast("B")))
         for i, p in enumerate(pages)
     ]
-    ttl = () if px is None else ("PX", px)
-    expected = b"".join(
-        joined(reference.pack("SET", name, value.joined(), *ttl)) for name, value in batch
-    )
+    ttl = () if px is None else (b"PX", b"%d" % px)
+    expected = b"".join(resp(b"SET", name, value.joined(), *ttl) for name, value in batch)
     buffers = remote_values.set_commands(batch, px)
     assert joined(buffers) == expected
     assert [any(b is v.payload for b in buffers) for _, v in batch] == [True] * count

@@ -111,11 +111,32 @@ def test_hung_redis_times_out_and_recovers(
     assert np.array_equal(out, data(1)) and store.healthy
 
 
-def test_store_opens_while_redis_is_down(tmp_path: Path) -> None:
-    server = RedisServer(tmp_path)  # not started: nothing listens on its port
-    store = RemoteStore.open(FP, RemoteOptions(url=server.url, timeout_s=0.5), environ={})
-    assert store.healthy  # nothing tried yet
-    with pytest.raises(TransferError):
-        store.exists_many([key(1)])
-    assert not store.healthy
-    store.close()
+@pytest.mark.parametrize("state", ["down", "hung"])
+def test_a_store_opens_while_redis_is_down_or_hung_and_finds_it_once_it_answers(
+    tmp_path: Path, clock: Clock, state: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``open`` tries the server once: down (nothing listens) or hung (SIGSTOP: the
+    connection is accepted, nothing answers), the store opens unhealthy, says so in
+    one warning, fails fast until the backoff ends, then finds the server."""
+    server = RedisServer(tmp_path)
+    if state == "hung":
+        server.start()
+        server.pause()
+    breaker = CircuitBreaker(Backoff(base_s=1.0, max_s=8.0, jitter=0.0), clock=clock)
+    options = RemoteOptions(url=server.url, timeout_s=0.5)
+    try:
+        store = RemoteStore.open(FP, options, breaker=breaker, environ={})
+        assert not store.healthy and store.outages == 1
+        (warning,) = [r for r in caplog.records if r.name == "kvtier.media.remote"]
+        assert "did not answer at start" in warning.getMessage()
+        with pytest.raises(TransferError, match="unhealthy"):
+            store.exists_many([key(1)])
+        if state == "hung":
+            server.resume()
+        else:
+            server.start()
+        clock.now += 1.0
+        assert store.exists_many([key(1)]) == [False] and store.healthy
+        store.close()
+    finally:
+        server.stop()

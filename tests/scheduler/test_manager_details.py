@@ -1,6 +1,6 @@
 """TierManager details a caller sees: exact counters and slots, error messages,
 admission's memory, restore, adopt and events (written for the survivors of mutation
-testing, issue 19)."""
+testing)."""
 
 from __future__ import annotations
 

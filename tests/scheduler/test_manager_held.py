@@ -1,10 +1,9 @@
 """What eviction must not take: STORING blocks and pinned ones, kept apart.
 
 The manager asks its policy "is this block held?" through ``HeldBlocks`` over its
-``_storing`` set and its slot map, whose value for a pinned block is ``(slot, pins)``;
-the policies' fast path asks for a whole batch of coldest blocks at once
-(``any_of``). Each test here fails if one of the two is left out of an answer, or if a
-pin or a store leaves the wrong state behind.
+``_storing`` and ``_pinned`` sets; the policies' fast path asks for a whole
+batch of coldest blocks at once (``any_of``). Each test here fails if one of the two is
+left out of an answer, or if a pin or a store leaves the wrong state behind.
 """
 
 from __future__ import annotations
@@ -20,28 +19,26 @@ from kvtier.scheduler.policies.recency import RecencyList
 from .conftest import keys
 
 
-def held_over(storing: set[bytes], pinned: set[bytes], resident: list[bytes]) -> HeldBlocks:
-    """A ``HeldBlocks`` over a slot map of ``resident``, one pin each for ``pinned``."""
-    slots: dict[bytes, object] = {k: (i, 1) if k in pinned else i for i, k in enumerate(resident)}
-    held = HeldBlocks(storing, slots)
-    held.n_pinned = len(pinned)
-    return held
+def held_over(storing: set[bytes], pinned: set[bytes]) -> HeldBlocks:
+    """A ``HeldBlocks`` over the STORING and the pinned blocks."""
+    return HeldBlocks(storing, pinned)
 
 
 def test_held_blocks_answer_for_either_kind_and_follow_changes_in_place() -> None:
     storing: set[bytes] = {b"s"}
-    slots: dict[bytes, object] = {b"s": 0, b"p": (1, 1), b"x": 2, b"y": (3, 2)}  # y: 2 pins
-    held = HeldBlocks(storing, slots)
-    held.n_pinned = 2
+    pinned: set[bytes] = {b"p", b"y"}
+    held = HeldBlocks(storing, pinned)
+    assert held.n_pinned == 2
     assert (held(b"s"), held(b"p"), held(b"x"), held(b"y")) == (True, True, False, True)
     assert held.any_of([b"x", b"s"]) and held.any_of([b"p", b"x"]) and held.any_of([b"y"])
     assert not held.any_of([b"x"]) and not held.any_of([])
     storing.clear()
-    slots[b"x"] = (2, 1)
-    held.n_pinned = 3
+    pinned.add(b"x")
+    assert held.n_pinned == 3
     assert (held(b"s"), held(b"x")) == (False, True)
     assert held.any_of([b"x"]) and not held.any_of([b"s"])
-    held.n_pinned = 0  # nothing pinned: the slot map is not read
+    pinned.clear()
+    assert held.n_pinned == 0
     assert not held(b"x") and not held.any_of([b"x", b"p"])
 
 
@@ -54,7 +51,7 @@ def test_the_coldest_batch_is_refused_whole_when_one_block_is_held(where: str) -
     storing: set[bytes] = set()
     pinned: set[bytes] = set()
     (storing if where == "storing" else pinned).add(b"k2")
-    held = held_over(storing, pinned, keys(1, 2, 3, 4))
+    held = held_over(storing, pinned)
     assert lst.coldest(2, held, ()) == keys(1, 3)
     assert lst.coldest(4, held, ()) is None
 
@@ -152,7 +149,7 @@ def test_a_held_key_of_the_store_takes_no_room_from_it(policy: str) -> None:
 
 
 def test_restored_blocks_can_be_pinned_and_are_then_held(policy: str) -> None:
-    # ``restore`` puts slots in the slot map too: a pin there holds them the same way.
+    # ``restore`` puts blocks in the slot map too: a pin holds them the same way.
     m = CPUOffloadingManager(num_blocks=3, block_size=16, eviction_policy=policy)
     a, b = keys(1, 2)
     m.restore([a, b])

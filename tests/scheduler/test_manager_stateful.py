@@ -126,7 +126,7 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def prepare_load(self, data: st.DataObject) -> None:
         ready = sorted(k for k, s in self.state.items() if s is BlockState.READY)
-        # A key may be listed twice (two pins); pins are kept in the slot map's values.
+        # A key may be listed twice: two pins, the second counted apart (``_more_pins``).
         ks = data.draw(st.lists(st.sampled_from(ready), min_size=1, max_size=4))
         spec = self.m.prepare_load(ks)
         assert list(spec.block_ids) == [self.m.slot(k) for k in ks]

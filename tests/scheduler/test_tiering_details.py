@@ -1,6 +1,6 @@
 """TieredManager details a caller sees: exact counters, the keys a write job tells the
 worker to delete, the queue's bound per tier, and the heads ``can_store`` and
-``can_promote`` answer (written for the survivors of mutation testing, issue 19)."""
+``can_promote`` answer (written for the survivors of mutation testing)."""
 
 from __future__ import annotations
 

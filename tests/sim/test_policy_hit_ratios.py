@@ -29,16 +29,9 @@ PINNED = {
     ("slru", 0.10): (34290, 83195, 87587),
     ("slru", 0.25): (57574, 53322, 64303),
     # leader follows LRU, then the best-scoring shadow (at 10 % between arc and slru).
-    # At 25 % and 50 % it decides every 8192 keys (a quarter of the capacity is fewer);
-    # deciding every capacity's worth of keys got 57203 and 73194. At 1 % it got 5417
-    # with three shadows (slru's 5537 less the blocks missed while LRU led); the fourth,
-    # branch, takes the lead there at times and costs it 276 (docs/simulate.md). A
-    # switch only on a significant lead (SIGNIFICANCE, issue 14's fifth round) moved
-    # these from 5141, 33595, 57281 and 73329. The fifth shadow, density (issue 14),
-    # moved 25 % from 56863: it leads there for a while and costs 280. The reserve
-    # (issue 14's fourteenth round: blocks LRU evicted that ARC or SLRU hold, kept while
-    # the tier follows LRU and they hit no less) moved 1 %, 25 % and 50 % from 5044, 56583
-    # and 73341; 50 % is now ARC's 73549 (it was the one cell of this trace below ARC).
+    # At 1 % it stays below slru's 5537: it misses while LRU leads, and branch takes the
+    # lead there at times. At 50 % the reserve (blocks LRU evicted that ARC or SLRU
+    # hold) brings it to ARC's 73549.
     ("leader", 0.01): (5057, 116381, 116820),
     ("leader", 0.10): (34149, 83336, 87728),
     ("leader", 0.25): (56640, 54255, 65236),

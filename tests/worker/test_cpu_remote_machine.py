@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.load_store_specs import CPULoadStoreSpec, RemoteLoadStoreSpec
-from kvtier.media import remote_loop, remote_values
+from kvtier.media import remote_mux, remote_values
 from kvtier.media.remote import RemoteOptions, RemoteStore
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import TransferResult
@@ -158,7 +158,7 @@ class RemoteHandlers(RuleBasedStateMachine):
 
 def test_handlers_against_a_model(server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(remote_values, "WINDOW_BYTES", 2 * BLOCK)
-    monkeypatch.setattr(remote_loop, "STORE_WINDOW_BYTES", 2 * BLOCK)
+    monkeypatch.setattr(remote_mux, "STORE_WINDOW_BYTES", 2 * BLOCK)
     RemoteHandlers.server = server
     run_state_machine_as_test(
         RemoteHandlers, settings=settings(max_examples=25, stateful_step_count=12)

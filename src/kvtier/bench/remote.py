@@ -9,8 +9,7 @@ run, against the same server, ``redis-benchmark -t set|get -d <size> -P <job-blo
 -c <io-threads> -r <values>`` moves values of the same size over as many keys, with
 the same pipeline depth and the same number of connections. ``--io-threads``
 defaults to ``remote_io_threads``' default (2): the default run measures what an engine
-runs with unless told otherwise (until 2026-11-24 it ran 4; ``--io-threads 4`` still
-does).
+runs with unless told otherwise.
 
 Passes are sized by time, not bytes: a 64 MiB pass lasts 25-60 ms, and the ratio of
 two such passes moved 0.46-0.83 between consecutive runs of the same code on a quiet
@@ -30,15 +29,15 @@ connecting not counted, which can only favour it).
 
 redis-benchmark is run at ``-P <job-blocks>`` and at ``-P 1``, and the ratio is taken
 against the faster: its own client slows down with deep pipelines of large values (on
-the development VM, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ratio
+one machine, 4 MiB SETs ran 4x faster at ``-P 1`` than at ``-P 8``), and a ratio
 against a handicapped reference would flatter kvtier.
 
 The same keys: kvtier stores every block under its own key, so redis-benchmark runs
 over a keyspace of as many keys (``-r <values>``; before the ``GET`` passes every one
 of those keys is written, so each ``GET`` finds a value as kvtier's do). Its default,
 one key overwritten again and again, keeps a single value hot in the server's
-allocator and caches: on the development VM under some load it stored 256 KiB values
-1.4-2.5x faster than over 1,024 keys (on a quiet one, as fast). That figure is still
+allocator and caches: on a loaded machine it stores 256 KiB values 1.4-2.5x faster
+than over 1,024 keys (on a quiet one, as fast). That figure is still
 measured, once per operation and size after the timed passes
 (``redis_benchmark_one_key_gbps``, ``ratio_one_key``); the aim is judged against the
 same keyspace.
@@ -84,8 +83,8 @@ from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 from kvtier.load_store_specs import CPULoadStoreSpec, RemoteLoadStoreSpec
-from kvtier.media.redis_client import RemoteOptions
 from kvtier.media.remote import RemoteStore
+from kvtier.media.remote_options import RemoteOptions, redacted_url
 from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.worker.cpu_remote import CpuRemoteOffloadingHandlers
 from kvtier.worker.handler import OffloadingHandler
@@ -151,14 +150,19 @@ def check_server(url: str) -> None:
     Raises:
         ConfigError: (key ``--url``) saying what was tried and what to change.
     """
+    shown = redacted_url(url)
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError("--url", f"must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        raise ConfigError("--url", f"must be a redis://, rediss:// or unix:// URL, got {shown!r}")
+    if urlsplit(url).netloc.count("@"):
+        # redis-benchmark takes a password only on its command line, where every user
+        # of the machine can read it
+        raise ConfigError("--url", f"holds credentials; benchmark a server without them ({shown})")
     try:
         with redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
             client.ping()
     except (redis.RedisError, OSError, ValueError) as e:
         raise ConfigError(
-            "--url", f"no Redis answers at {url} ({e}); start one, or leave --url out"
+            "--url", f"no Redis answers at {shown} ({e}); start one, or leave --url out"
         ) from None
 
 
@@ -342,9 +346,9 @@ def server_memory(sizes: list[int], total: int, args: argparse.Namespace) -> int
     """``maxmemory`` of the benchmark's own server: three times the largest keyspace
     (kvtier's keys, redis-benchmark's, room to spare), and the replies a full pipeline
     of the largest values holds on every connection of both (Redis counts its clients'
-    output buffers as used memory). Before this room was added, three default runs
-    failed a timed load with a missed key, eviction by all signs; none has since, and
-    each size's evicted keys are recorded (``server_evicted_keys``)."""
+    output buffers as used memory): without that room the server evicts values in the
+    middle of a pass and a timed load misses. Each size's evicted keys are recorded
+    (``server_evicted_keys``)."""
     largest = max(keyspace_values(s, total, args) * s for s in sizes)
     in_flight = 2 * int(args.io_threads) * int(args.job_blocks) * max(sizes)
     return 3 * largest + in_flight + (64 << 20)
@@ -412,9 +416,10 @@ def main(args: argparse.Namespace) -> int:
             f"{r['redis_benchmark_one_key_gbps']:>9.3f} {r['ratio_one_key']:>6.2f}"
         )
     config = {
-        "url": args.url or "local redis-server (started by the benchmark)",
+        "url": redacted_url(args.url)
+        if args.url
+        else "local redis-server (started by the benchmark)",
         "redis_server": _server_version(),
-        "hiredis": redis.utils.HIREDIS_AVAILABLE,
         "sizes": sizes,
         "total_bytes_per_size": total,
         "seconds_per_pass": args.seconds,

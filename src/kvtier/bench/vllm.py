@@ -1,25 +1,31 @@
 """``kvtier bench vllm``: a served multi-turn chat through vLLM with and without kvtier.
 
 Runs where vLLM is installed (on a machine without a GPU, vLLM's CPU build). It builds
-a small Llama with seeded weights locally (nothing is downloaded), then for each
-configuration starts real vLLM OpenAI servers (``python -m
-vllm.entrypoints.openai.api_server``), replays the same chat workload over the
-OpenAI completions API at a fixed request rate, and stops them::
+a small Llama with seeded weights locally (nothing is downloaded), starts a real vLLM
+OpenAI server (``python -m vllm.entrypoints.openai.api_server``) for every
+configuration at once, and replays the same chat workload over the OpenAI
+completions API through all of them::
 
     none       vLLM alone: what its own prefix cache keeps is all that is reused
+    connector  vLLM's OffloadingConnector with a spec that keeps nothing
+               (``null_spec``): what the connector costs before any offloading
     cpu        kvtier's CPU tier
     cpu+disk   a CPU tier too small for the conversations, a disk tier behind it
     redis      two servers sharing a Redis tier (and a CPU tier each); the turns of
                a conversation alternate between them, as behind a load balancer
 
 The workload: ``--conversations`` chats of ``--turns`` turns; each turn sends the whole
-history plus a new user message and appends the answer. Turns are issued round-robin
-over the conversations (a conversation's next turn waits for its previous answer) at
-one request every ``1 / --rate`` seconds. vLLM's own cache holds a fraction of one
-history (``--gpu-blocks``), so every configuration but ``none`` finds earlier turns in
-kvtier. Reported per configuration: time to first token (p50, p90), requests and
-generated tokens per second, vLLM's prefix-cache and external hit ratios, kvtier's
-hits per tier, and whether every answer equals the answer without kvtier.
+history plus a new user message, and the answer of ``none`` goes into the history, so
+every configuration is asked the same prompts. Turns are issued round-robin over the
+conversations, one round per turn at most ``--rate`` per second; a round sends its
+turn to every configuration in turn, one request at a time, in an order that rotates
+(``alternate``): the configurations are compared side by side on the same machine at
+the same moments, which a machine shared with other work needs. vLLM's own cache holds
+a fraction of the histories (``--gpu-blocks``), so every configuration but ``none``
+finds earlier turns in kvtier. Reported per configuration: time to first token (p50,
+p90, and p50 of the turns after the first), requests and generated tokens per busy
+second, vLLM's prefix-cache and external hit ratios, kvtier's hits per tier, vLLM's
+transfer bytes, and whether every answer equals the answer without kvtier.
 """
 
 from __future__ import annotations
@@ -29,9 +35,8 @@ import json
 import shutil
 import statistics
 import tempfile
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +46,7 @@ from kvtier.bench.vllm_server import ServerConfig, VllmServer
 from kvtier.errors import ConfigError
 from kvtier.results import add_json_option, check_output, default_path, write_result
 
-CONFIGS = ("none", "cpu", "cpu+disk", "redis")
+CONFIGS = ("none", "connector", "cpu", "cpu+disk", "redis")
 BLOCK = 32  # tokens per vLLM block (vLLM's CPU backend wants a multiple of 32)
 
 
@@ -115,7 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--answer-tokens", type=options.positive, default=16, help="tokens generated per turn"
     )
     parser.add_argument(
-        "--rate", type=float, default=1.0, help="requests per second issued (at most)"
+        "--rate",
+        type=float,
+        default=1.0,
+        help="rounds (one turn through every configuration) per second, at most",
     )
     parser.add_argument(
         "--gpu-blocks",
@@ -184,60 +192,42 @@ class Chats:
         return out + self.messages[turn.conversation][turn.turn]
 
 
-def replay(
-    chats: Chats, servers: Sequence[VllmServer], rate: float, answer_tokens: int
-) -> list[Served]:
-    """Issue the turns in order, one every ``1 / rate`` s at most, each after its
-    conversation's previous answer; turn ``i`` of a conversation goes to server
-    ``i % len(servers)``."""
+def alternate(
+    chats: Chats,
+    groups: Mapping[str, Sequence[VllmServer]],
+    rate: float,
+    answer_tokens: int,
+) -> dict[str, list[Served]]:
+    """Serve every turn on every configuration, one request at a time, alternating.
+
+    A round is one turn, sent first to ``none`` (its answer goes into the history, so
+    every configuration gets the same prompts), then to each other configuration, in
+    an order that rotates from round to round; rounds start at most ``rate`` per
+    second. Every server thus sees the same machine -- whatever else runs on it -- and
+    no two requests run at once. Turn ``i`` of a conversation goes to server ``i %
+    len(group)`` of a configuration (the two servers sharing Redis take turns).
+    """
     answers: dict[tuple[int, int], tuple[int, ...]] = {}
-    done = {(c, -1): threading.Event() for c in range(len(chats.messages))}
-    for event in done.values():
-        event.set()
-    for turn in chats.order:
-        done[(turn.conversation, turn.turn)] = threading.Event()
-    results: list[Served] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def serve(turn: Turn) -> None:
-        try:
-            done[(turn.conversation, turn.turn - 1)].wait()
-            prompt = chats.prompt(turn, answers)
-            server = servers[turn.turn % len(servers)]
-            got = server.complete(prompt, answer_tokens)
-            with lock:
-                answers[(turn.conversation, turn.turn)] = got.tokens
-                results.append(
-                    Served(
-                        turn.conversation,
-                        turn.turn,
-                        len(prompt),
-                        got.ttft_s,
-                        got.total_s,
-                        got.tokens,
-                    )
-                )
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            done[(turn.conversation, turn.turn)].set()
-
-    threads = []
+    served: dict[str, list[Served]] = {name: [] for name in groups}
+    others = [name for name in groups if name != "none"]
     start = time.perf_counter()
     for i, turn in enumerate(chats.order):
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        done[(turn.conversation, turn.turn - 1)].wait()  # its history is known
-        thread = threading.Thread(target=serve, args=(turn,), daemon=True)
-        thread.start()
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return sorted(results, key=lambda r: (r.turn, r.conversation))
+        prompt = chats.prompt(turn, answers)
+        shift = i % len(others) if others else 0
+        for name in ["none", *others[shift:], *others[:shift]]:
+            group = groups[name]
+            got = group[turn.turn % len(group)].complete(prompt, answer_tokens)
+            served[name].append(
+                Served(
+                    turn.conversation, turn.turn, len(prompt), got.ttft_s, got.total_s, got.tokens
+                )
+            )
+            if name == "none":
+                answers[(turn.conversation, turn.turn)] = got.tokens
+    return served
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -249,24 +239,27 @@ def _ratio(part: float, whole: float) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
-def summarize(
-    name: str, served: Sequence[Served], wall_s: float, metrics: Sequence[Any]
-) -> dict[str, Any]:
-    """One configuration's figures (``metrics``: each server's ``metric`` function)."""
+def summarize(name: str, served: Sequence[Served], metrics: Sequence[Any]) -> dict[str, Any]:
+    """One configuration's figures (``metrics``: each server's ``metric`` function).
+
+    Throughput is per second the configuration's servers were busy (the alternating
+    replay never runs two requests at once, so wall time is every configuration's).
+    """
 
     def total(metric: str, **labels: str) -> float:
         return float(sum(m(metric, **labels) for m in metrics))
 
     ttft = [s.ttft_s for s in served]
     later = [s.ttft_s for s in served if s.turn > 0]
+    busy_s = sum(s.total_s for s in served)
     return {
         "config": name,
         "requests": len(served),
         "ttft_p50_s": round(statistics.median(ttft), 4),
         "ttft_p90_s": round(_quantile(ttft, 0.9), 4),
         "ttft_p50_later_turns_s": round(statistics.median(later), 4) if later else None,
-        "requests_per_s": round(len(served) / wall_s, 3),
-        "generated_tokens_per_s": round(sum(len(s.answer) for s in served) / wall_s, 2),
+        "requests_per_busy_s": round(len(served) / busy_s, 3),
+        "generated_tokens_per_busy_s": round(sum(len(s.answer) for s in served) / busy_s, 2),
         "prefix_cache_hit_ratio": _ratio(
             total("vllm:prefix_cache_hits_total"), total("vllm:prefix_cache_queries_total")
         ),
@@ -336,57 +329,63 @@ def main(args: argparse.Namespace) -> int:
             max_model_len=min(longest + BLOCK, args.gpu_blocks * BLOCK - BLOCK),
         )
         print(f"bench vllm: starting {name}", flush=True)
-        return VllmServer(config, work / f"{name}.log")
+        return VllmServer(config, work / f"{name}.log", wait=False)
 
-    rows: list[dict[str, Any]] = []
-    baseline: list[tuple[int, ...]] | None = None
+    groups: dict[str, list[VllmServer]] = {}
+    extra = {"cpu_bytes_to_use": args.cpu_bytes, "shm_dir": str(work)}
     try:
+        pending: list[VllmServer] = []
         for name in configs:
-            extra = {"cpu_bytes_to_use": args.cpu_bytes, "shm_dir": str(work)}
-            group: list[dict[str, Any] | None]
+            kvs: list[dict[str, Any] | None]
             if name == "none":
-                group = [None]
+                kvs = [None]
+            elif name == "connector":
+                kvs = [
+                    {
+                        "kv_connector": "OffloadingConnector",
+                        "kv_role": "kv_both",
+                        "kv_connector_extra_config": {
+                            "spec_name": "NullOffloadingSpec",
+                            "spec_module_path": "kvtier.bench.null_spec",
+                        },
+                    }
+                ]
             elif name == "cpu":
-                group = [_kvtier("cpu", extra)]
+                kvs = [_kvtier("cpu", extra)]
             elif name == "cpu+disk":
                 disk = {"disk_path": str(work / "disk"), "disk_bytes_to_use": "1GiB"}
-                group = [
-                    _kvtier("disk", {**extra, "cpu_bytes_to_use": args.small_cpu_bytes, **disk})
-                ]
+                kvs = [_kvtier("disk", {**extra, "cpu_bytes_to_use": args.small_cpu_bytes, **disk})]
             else:
                 from kvtier.soak.redis_proc import RedisProcess
 
                 redis_proc = RedisProcess(work / "redis", maxmemory="1gb")
                 redis_proc.start()
                 remote = {**extra, "remote_url": redis_proc.url}
-                group = [_kvtier("redis-a", remote), _kvtier("redis-b", remote)]
-            servers = [server(f"{name}-{i}", kv) for i, kv in enumerate(group)]
-            try:
-                start = time.perf_counter()
-                served = replay(chats, servers, args.rate, args.answer_tokens)
-                wall = time.perf_counter() - start
-                row = summarize(name, served, wall, [s.metric for s in servers])
-            finally:
-                for s in servers:
-                    s.stop()
-                if redis_proc is not None:
-                    redis_proc.close()
-                    redis_proc = None
-            answers = [s.answer for s in served]
-            if baseline is None:
-                baseline = answers
-            row["answers_equal_none"] = answers == baseline
-            row["ttft_p50_speedup_vs_none"] = (
-                round(rows[0]["ttft_p50_later_turns_s"] / row["ttft_p50_later_turns_s"], 2)
-                if rows and row["ttft_p50_later_turns_s"]
-                else None
-            )
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+                kvs = [_kvtier("redis-a", remote), _kvtier("redis-b", remote)]
+            groups[name] = [server(f"{name}-{i}", kv) for i, kv in enumerate(kvs)]
+            pending += groups[name]
+        for s in pending:
+            s.wait_ready()
+        served = alternate(chats, groups, args.rate, args.answer_tokens)
+        rows = [summarize(name, served[name], [s.metric for s in groups[name]]) for name in configs]
     finally:
+        for group in groups.values():
+            for s in group:
+                s.stop()
         if redis_proc is not None:
             redis_proc.close()
         shutil.rmtree(work, ignore_errors=True)
+    baseline = [s.answer for s in served["none"]]
+    for row in rows:
+        row["answers_equal_none"] = [s.answer for s in served[row["config"]]] == baseline
+        later = row["ttft_p50_later_turns_s"]
+        for ref in ("none", "connector"):
+            base = next((r for r in rows if r["config"] == ref), None)
+            if base is not None and ref != row["config"]:
+                row[f"ttft_p50_speedup_vs_{ref}"] = (
+                    round(base["ttft_p50_later_turns_s"] / later, 2) if later else None
+                )
+        print(json.dumps(row), flush=True)
     config = {
         "configs": configs,
         "conversations": args.conversations,
@@ -410,16 +409,19 @@ def main(args: argparse.Namespace) -> int:
     for r in rows:
         print(
             f"{r['config']:9} {r['ttft_p50_s']:>9.3f} {r['ttft_p90_s']:>7.3f} "
-            f"{r['ttft_p50_later_turns_s'] or 0:>9.3f} {r['requests_per_s']:>6.2f} "
+            f"{r['ttft_p50_later_turns_s'] or 0:>9.3f} {r['requests_per_busy_s']:>6.2f} "
             f"{r['external_hit_ratio'] or 0:>7.2%}  {r['answers_equal_none']}"
         )
-    best = max(rows[1:], key=lambda r: r["ttft_p50_speedup_vs_none"] or 0, default=None)
+    kvtier_rows = [r for r in rows if r["config"] not in ("none", "connector")]
+    best = max(kvtier_rows, key=lambda r: r.get("ttft_p50_speedup_vs_none") or 0, default=None)
     summary = "no kvtier configuration run"
     if best is not None:
         summary = (
-            f"later turns' TTFT p50 {best['ttft_p50_speedup_vs_none']}x sooner with "
-            f"{best['config']} than vLLM alone"
+            f"later turns' TTFT p50 with {best['config']}: "
+            f"{best.get('ttft_p50_speedup_vs_none')}x vLLM alone's speed"
         )
+        if "ttft_p50_speedup_vs_connector" in best:
+            summary += f", {best['ttft_p50_speedup_vs_connector']}x the bare connector's"
     equal = all(r["answers_equal_none"] for r in rows)
     print(f"vllm: {summary}; answers identical: {equal}; wrote {path}")
     return 0 if equal else 1

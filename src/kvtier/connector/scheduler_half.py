@@ -127,7 +127,6 @@ class ConnectorScheduler:
         self._stores: dict[str, int] = {}  # request -> store jobs reading its pages
         self._loading: dict[str, int] = {}  # request -> loads (with promotions) in flight
         self._finished: set[str] = set()  # finished requests waiting for their jobs
-        self._released: list[str] = []  # released without a job finishing: next report
         self._stats = Counters()
 
     # -- engine points -----------------------------------------------------------------
@@ -195,8 +194,8 @@ class ConnectorScheduler:
         )
         self._loading[request_id] = self._loading.get(request_id, 0) + 1
         self._start_promotions(load)
-        if not load.promotions:
-            self._submit_load(load)
+        if not load.promotions:  # a request being loaded is not finished: none released
+            self._submit_load(load, released=[])
 
     def pages_full(
         self,
@@ -256,7 +255,7 @@ class ConnectorScheduler:
 
     def on_finished(self, results: Iterable[TransferResult]) -> Progress:
         """Complete the jobs the worker half reported (in any order across kinds)."""
-        released, self._released = self._released, []
+        released: list[str] = []
         for result in results:
             self._finish(self._jobs.pop(result.job_id), result, released)
         loads, self._done_loads = self._done_loads, []
@@ -271,13 +270,7 @@ class ConnectorScheduler:
     def has_pending_work(self) -> bool:
         """Whether anything is still to do: jobs in flight, jobs not yet taken,
         loads to report, or background work of the manager."""
-        return bool(
-            self._jobs
-            or self._outbox
-            or self._done_loads
-            or self._released
-            or self.manager.has_pending_work
-        )
+        return bool(self._jobs or self._outbox or self._done_loads or self.manager.has_pending_work)
 
     def take_stats(self) -> OffloadStats:
         """Counters since the last call."""
@@ -320,7 +313,7 @@ class ConnectorScheduler:
             job = _InFlight(JobKind.PROMOTE, tier_job.block_hashes, load=load, tier_job=tier_job)
             load.promotions.add(self._emit(job, tier_job.src, tier_job.dst))
 
-    def _submit_load(self, load: _Load, released: list[str] | None = None) -> None:
+    def _submit_load(self, load: _Load, released: list[str]) -> None:
         ready = self.manager.ready_run(load.block_keys)
         pages = min(ready * self.f - load.skip, load.num_pages) if ready else 0
         self._stats.refused_loads += max(0, len(load.block_keys) - ready - load.failed)
@@ -384,8 +377,9 @@ class ConnectorScheduler:
             assert job.tier_job is not None
             self.manager.complete_write(job.tier_job, ok)
 
-    def _load_done(self, done: LoadDone, released: list[str] | None = None) -> None:
-        """A request's load is over (loaded, failed, or nothing to load)."""
+    def _load_done(self, done: LoadDone, released: list[str]) -> None:
+        """A request's load is over (loaded, failed, or nothing to load); a finished
+        request with no store left either is released."""
         self._done_loads.append(done)
         rid = done.request_id
         self._loading[rid] -= 1
@@ -393,10 +387,7 @@ class ConnectorScheduler:
             del self._loading[rid]
             if rid in self._finished and not self._stores.get(rid):
                 self._finished.discard(rid)
-                if released is None:
-                    self._released.append(rid)  # no job finished: the next call reports it
-                else:
-                    released.append(rid)
+                released.append(rid)
 
     def _store_done(self, rid: str, released: list[str]) -> None:
         self._stores[rid] -= 1

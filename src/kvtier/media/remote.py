@@ -22,6 +22,12 @@ unhealthy in its ``CircuitBreaker``: it is not contacted again until the backoff
 expires, and meanwhile every call fails at once. A value that fails verification is
 a miss: it is deleted and never served. The store decides no eviction: the server's
 ``maxmemory`` with ``allkeys-lru`` does (see ``docs/remote.md``).
+
+``open`` contacts the server once, within ``timeout_s``: settings the server refuses
+(password, user, certificates, TLS, database) raise ``ConfigError`` there, before the
+engine serves; a server that is down or hung is logged, counted as an outage in the
+breaker, and the engine starts without it (``remote_access``). The connection of that
+contact is kept for the first batch.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -43,8 +49,17 @@ from kvtier.media import block_format
 from kvtier.media.block_format import BytesLike
 from kvtier.media.circuit_breaker import CircuitBreaker, Health
 from kvtier.media.forks import renew_after_fork
-from kvtier.media.redis_client import BlockValue, Connections, RemoteOptions, make_client
+from kvtier.media.redis_client import (
+    AccessDenied,
+    Connections,
+    RedisConnection,
+    cluster_client,
+    tls_context,
+)
+from kvtier.media.remote_access import config_problem, hint, password_key
+from kvtier.media.remote_options import RemoteOptions
 from kvtier.media.remote_values import ReadOutcome, accept, get_into_pages, set_from_pages
+from kvtier.media.resp import BlockValue, ErrorReply, command
 
 __all__ = ["LAYOUT_VERSION", "ReadOutcome", "RemoteOptions", "RemoteStore"]
 
@@ -52,8 +67,11 @@ logger = logging.getLogger(__name__)
 
 LAYOUT_VERSION = 1
 """Version of the key layout and value format; the ``v1`` in every key."""
-_STORE_ERRORS = (RedisError, RedisClusterException, OSError)
+_STORE_ERRORS = (RedisError, RedisClusterException, OSError, AccessDenied, ErrorReply)
 _LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+T = TypeVar("T")
+_CLUSTER_METHODS = {b"GET": "get", b"EXISTS": "exists", b"DEL": "delete"}
+"""redis-py's cluster pipeline method of each command the store pipelines."""
 
 
 def _as_array(buf: np.ndarray | BytesLike) -> np.ndarray:
@@ -84,7 +102,10 @@ class RemoteStore:
         self.breaker = breaker
         self._prefix = f"kvtier:v{LAYOUT_VERSION}:{fingerprint.hex()}:".encode()
         self._password = password
-        self._link: Connections | None = None  # made on first use
+        self._endpoint = options.endpoint
+        self._tls = tls_context(options)
+        self._link: Connections | None = None  # a single node's, made on first use
+        self._cluster: Any = None  # redis-py's cluster client, made on first use
         self._lock = threading.Lock()
         renew_after_fork(self)
 
@@ -103,21 +124,53 @@ class RemoteStore:
         breaker: CircuitBreaker | None = None,
         environ: Mapping[str, str] = os.environ,
     ) -> RemoteStore:
-        """A store for one model. Does not contact the server (that happens on first use,
-        so an engine starts even while its Redis is down).
+        """A store for one model, after one contact with the server (within
+        ``options.timeout_s``; see the module docstring).
 
         Args:
             fingerprint: the model fingerprint digest (1..255 bytes).
-            options: URL, cluster flag, timeouts, TTL (see ``RemoteOptions``).
+            options: URL, cluster flag, timeouts, TTL, TLS files (see ``RemoteOptions``).
             breaker: the health tracker (a new one from ``options.backoff`` if None).
             environ: where the password variable is looked up.
+
+        Raises:
+            ConfigError: a setting the server refuses (password, user, certificate,
+                TLS, database), or a TLS file that cannot be loaded; the message names
+                the key to change and never holds the password.
         """
         if not 1 <= len(fingerprint) <= block_format.MAX_NAME_BYTES:
             raise ValueError(f"fingerprint digest must be 1..255 bytes, got {len(fingerprint)}")
-        password = environ.get(options.password_env) if options.password_env else None
-        return cls(
-            fingerprint, options, password or None, breaker or CircuitBreaker(options.backoff)
-        )
+        password = options.password(environ)
+        store = cls(fingerprint, options, password, breaker or CircuitBreaker(options.backoff))
+        store._first_contact(password_key(options, environ))
+        return store
+
+    def _first_contact(self, password_from: str | None) -> None:
+        """Connect, authenticate and ``PING`` once; what a failure means is decided by
+        ``remote_access.config_problem``. ``password_from``: the key the password came
+        from (``None``: none is sent)."""
+        if not self.breaker.allow():
+            return
+        try:
+            self._ping_once()
+        except _STORE_ERRORS as e:
+            problem = config_problem(e, self.options, password_from)
+            if problem is not None:
+                self.breaker.record_success()  # it answered; the store is never used
+                self.close()
+                raise problem from None
+            why = f"{type(e).__name__}: {e}"
+            self.breaker.record_failure(why)
+            logger.warning(
+                "remote store at %s did not answer at start (%s%s); starting without it, "
+                "next try in %.1f s",
+                self._endpoint.where,
+                why,
+                hint(e, self.options),
+                self.breaker.retry_in(),
+            )
+            return
+        self.breaker.record_success()
 
     # -- health ----------------------------------------------------------------------
 
@@ -134,17 +187,27 @@ class RemoteStore:
     def ping(self) -> bool:
         """Contact the server now, if the breaker allows; whether it answered."""
         try:
-            self._run(lambda link: link.client.ping())
+            self._run(self._ping_once)
         except TransferError:
             return False
         return True
+
+    def _ping_once(self) -> None:
+        if self.options.cluster:
+            self._cluster_client().ping()
+            return
+        with self._connections().owned() as conn:
+            conn.ping()
 
     def close(self) -> None:
         """Drop the connections; a later call reconnects."""
         with self._lock:
             link, self._link = self._link, None
+            cluster, self._cluster = self._cluster, None
         if link is not None:
             link.close()
+        if cluster is not None:
+            cluster.close()
 
     # -- keys ------------------------------------------------------------------------
 
@@ -168,20 +231,20 @@ class RemoteStore:
     def multiplexable(self) -> bool:
         """Whether ``lend_connection`` gives plain sockets (a single node over TCP or a
         Unix socket: not a cluster, not TLS)."""
-        return not self.options.cluster and not self.options.url.startswith("rediss://")
+        return not self.options.cluster and self._tls is None
 
-    def lend_connection(self) -> tuple[Any, Callable[[], None]]:
-        """A connected redis-py connection of the store's pool (authenticated, its
-        database selected), the caller's until it calls the function returned with it,
-        which closes it and gives its place in the pool back. The caller may make its
-        socket non-blocking. Needs ``multiplexable``.
+    def lend_connection(self) -> tuple[RedisConnection, Callable[[], None]]:
+        """A connection of the store (authenticated, its database selected), the
+        caller's until it calls the function returned with it, which closes it and
+        frees its place. The caller may make its socket non-blocking. Needs
+        ``multiplexable``.
 
         Raises:
             TransferError: no connection could be made (the breaker records it).
         """
         assert self.multiplexable
         try:
-            link = self._connect()
+            link = self._connections()
             conn = link.lend()
         except _STORE_ERRORS as e:
             self.breaker.record_failure(repr(e))
@@ -204,16 +267,18 @@ class RemoteStore:
         arrays = [_as_array(p) for p in payloads]
         px = None if self.options.ttl_s is None else max(1, round(self.options.ttl_s * 1000))
         for chunk in self._chunks([a.nbytes for a in arrays]):
+            batch = [(names[i], self._value(keys[i], arrays[i])) for i in chunk]
             if self.options.cluster:
 
-                def queue(pipe: Any, chunk: range = chunk) -> None:
-                    for i in chunk:
-                        pipe.set(names[i], self._joined(keys[i], arrays[i]), px=px)
+                def queue(pipe: Any, batch: list[Any] = batch) -> None:
+                    for name, value in batch:
+                        pipe.set(name, value.joined(), px=px)
 
-                results = self._execute(queue)
+                results: list[Any] = self._execute(queue)
             else:
-                batch = [(names[i], self._value(keys[i], arrays[i])) for i in chunk]
-                results = self._run(partial(set_from_pages, batch=batch, px=px))
+                results = self._run(
+                    partial(set_from_pages, self._connections(), batch=batch, px=px)
+                )
             refused = [r for r in results if isinstance(r, Exception)]
             if refused:
                 raise TransferError(f"{len(refused)} of {len(chunk)} values refused: {refused[0]}")
@@ -238,12 +303,17 @@ class RemoteStore:
             for chunk in self._chunks([d.nbytes for d in dests]):
                 batch = [(keys[i], names[i], dests[i]) for i in chunk]
                 if self.options.cluster:
-                    values = self._pipelined("get", [name for _, name, _ in batch])
+                    values = self._pipelined(b"GET", [name for _, name, _ in batch])
                     for (k, _, dest), value in zip(batch, values, strict=True):
                         outcomes.append(accept(self.fingerprint, k, value, dest))
                 else:
-                    got: list[ReadOutcome] = self._run(
-                        partial(get_into_pages, fingerprint=self.fingerprint, batch=batch)
+                    got = self._run(
+                        partial(
+                            get_into_pages,
+                            self._connections(),
+                            fingerprint=self.fingerprint,
+                            batch=batch,
+                        )
                     )
                     outcomes += got
         except TransferError:
@@ -253,7 +323,7 @@ class RemoteStore:
         corrupt = [names[i] for i, o in enumerate(outcomes) if o is ReadOutcome.CORRUPT]
         if corrupt:
             try:
-                self._pipelined("delete", corrupt)
+                self._pipelined(b"DEL", corrupt)
             except TransferError as e:
                 logger.warning("could not delete %d corrupt remote values: %s", len(corrupt), e)
         return outcomes
@@ -270,7 +340,7 @@ class RemoteStore:
         """
         if not keys:
             return []
-        return [r == 1 for r in self._pipelined("exists", [self.redis_key(k) for k in keys])]
+        return [r == 1 for r in self._pipelined(b"EXISTS", [self.redis_key(k) for k in keys])]
 
     def delete_many(self, keys: Sequence[bytes]) -> int:
         """Remove these blocks; how many were stored.
@@ -280,18 +350,14 @@ class RemoteStore:
         """
         if not keys:
             return 0
-        return sum(r == 1 for r in self._pipelined("delete", [self.redis_key(k) for k in keys]))
+        return sum(r == 1 for r in self._pipelined(b"DEL", [self.redis_key(k) for k in keys]))
 
     # -- internals -------------------------------------------------------------------
 
     def _value(self, key: bytes, data: np.ndarray) -> BlockValue:
         """The value to send: its header and the page itself (uncopied)."""
         payload = data.data.cast("B")
-        return BlockValue(block_format.encode_header(key, self.fingerprint, payload), payload)
-
-    def _joined(self, key: bytes, data: np.ndarray) -> bytes:
-        """The value as one ``bytes``, for redis-py's cluster client (it has no packer)."""
-        return self._value(key, data).joined()
+        return BlockValue(self.header(key, payload), payload)
 
     def _chunks(self, sizes: Sequence[int]) -> Iterator[range]:
         """Consecutive index ranges of at most ``batch_bytes`` (at least one item each)."""
@@ -304,35 +370,38 @@ class RemoteStore:
         if start < len(sizes):
             yield range(start, len(sizes))
 
-    def _pipelined(self, command: str, names: list[bytes]) -> list[Any]:
-        """One single-key command per name, pipelined; results in order."""
+    def _pipelined(self, verb: bytes, names: list[bytes]) -> list[Any]:
+        """One single-key command per name, pipelined; replies in order (an error
+        reply as a value)."""
+        if not self.options.cluster:
+            commands = [command(verb, name) for name in names]
+            return self._run(partial(self._connections().call, commands))
 
         def queue(pipe: Any) -> None:
+            method = getattr(pipe, _CLUSTER_METHODS[verb])
             for name in names:
-                getattr(pipe, command)(name)
+                method(name)
 
         return self._execute(queue)
 
     def _execute(self, queue: Callable[[Any], None]) -> list[Any]:
-        """Run one pipeline that ``queue`` fills; per-command errors come back as values.
+        """Run one cluster pipeline that ``queue`` fills; per-command errors come back
+        as values. A connection lost inside it (a node that failed) fails the batch."""
 
-        A connection lost inside it (a cluster node that failed) fails the whole batch.
-        """
-
-        def send(link: Connections) -> list[Any]:
-            pipe = link.client.pipeline(transaction=False)
+        def send() -> list[Any]:
+            pipe = self._cluster_client().pipeline(transaction=False)
             queue(pipe)
             return list(pipe.execute(raise_on_error=False))
 
-        results: list[Any] = self._run(send)
+        results = self._run(send)
         lost = next((r for r in results if isinstance(r, _LOST)), None)
         if lost is not None:
             self.breaker.record_failure(repr(lost))
             raise TransferError(f"remote store failed: {lost!r}")
         return results
 
-    def _run(self, fn: Callable[[Connections], Any]) -> Any:
-        """Run ``fn(connections)`` if the breaker allows; record the outcome in it."""
+    def _run(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` if the breaker allows; record the outcome in it."""
         if not self.breaker.allow():
             b = self.breaker
             raise TransferError(
@@ -340,7 +409,7 @@ class RemoteStore:
                 f"next try in {b.retry_in():.1f} s"
             )
         try:
-            result = fn(self._connect())
+            result = fn()
         except _STORE_ERRORS as e:
             self.breaker.record_failure(repr(e))
             raise TransferError(f"remote store failed: {type(e).__name__}: {e}") from e
@@ -350,9 +419,25 @@ class RemoteStore:
         self.breaker.record_success()
         return result
 
-    def _connect(self) -> Connections:
+    def _connections(self) -> Connections:
+        """A single node's connections (made once)."""
         with self._lock:
             if self._link is None:
-                client = make_client(self.options, self._password)
-                self._link = Connections(client, self.options.max_connections)
+                opener = partial(
+                    RedisConnection.open,
+                    self._endpoint,
+                    self._password,
+                    self.options.timeout_s,
+                    self._tls,
+                )
+                self._link = Connections(
+                    opener, self.options.max_connections, self.options.timeout_s
+                )
             return self._link
+
+    def _cluster_client(self) -> Any:
+        """redis-py's cluster client (made once; making it connects)."""
+        with self._lock:
+            if self._cluster is None:
+                self._cluster = cluster_client(self.options, self._password)
+            return self._cluster

@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
+from kvtier.media.redis_client import RedisConnection
 
 READ_BUFFER_BYTES = 1 << 16
 """Each connection's read buffer (reply lines, headers; payloads skip it)."""
@@ -34,10 +34,12 @@ class LoopConnection:
     """One non-blocking connection: what it has to send, the values it waits for, and
     where the reply being read goes."""
 
-    def __init__(self, link: Any, timeout_s: float, release: Callable[[], None]) -> None:
-        self.link = link  # a redis-py connection, ours until closed
+    def __init__(
+        self, link: RedisConnection, timeout_s: float, release: Callable[[], None]
+    ) -> None:
+        self.link = link  # ours until closed
         self.release = release
-        self.sock: socket.socket = link._sock
+        self.sock: socket.socket = link.sock
         self.sock.setblocking(False)
         self.timeout_s = timeout_s
         self.out: list[Any] = []  # buffers still to send, in order
@@ -94,7 +96,7 @@ class LoopConnection:
             self.drained = True
             return False
         if not got:
-            raise RedisConnectionError("the server closed the connection")
+            raise ConnectionError("the server closed the connection")
         self.drained = got < room
         self.end += got
         return True
@@ -108,7 +110,7 @@ class LoopConnection:
                 self.start = i + 2
                 return out
             if self.start == 0 and self.end == len(self.buf):
-                raise RedisConnectionError("a reply line longer than the read buffer")
+                raise ConnectionError("a reply line longer than the read buffer")
             if not self._recv():
                 return None
 
@@ -139,7 +141,7 @@ class LoopConnection:
                 self.drained = True
                 return False
             if not got:
-                raise RedisConnectionError("the server closed the connection mid-reply")
+                raise ConnectionError("the server closed the connection mid-reply")
             self.drained = got < want
             while rest and got >= len(rest[0]):
                 got -= len(rest.pop(0))

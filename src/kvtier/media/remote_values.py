@@ -5,12 +5,10 @@ Runs in the I/O threads of a ``RemoteStore`` (worker side); imports no torch.
 Writing (single node): ``set_from_pages`` sends a batch of ``SET`` on one connection
 (``Connections.owned``) with ``send_buffers`` (header and page as their own buffers, one
 ``sendmsg`` for the batch) and reads the ``+OK`` replies with ``ReplyReader``; a
-refused value (``-OOM ...``) comes back as its ``ResponseError``, any other reply
-fails the batch as a lost connection. The replies are read under ``SO_RCVLOWAT``
-(``replies_awaited``): one wake-up for the batch's replies, not one per few. This
-path replaced redis-py's pipeline for stores: 0.6 system calls per value instead of
-4.7, and on the (loaded) development VM 1.1-1.2x the 256 KiB store rate at the
-benchmark's setting, side by side (``docs/remote.md``).
+refused value (``-OOM ...``) comes back as its ``ErrorReply``, any other reply fails
+the batch as a lost connection. The replies are read under ``SO_RCVLOWAT``
+(``replies_awaited``): one wake-up for the batch's replies, not one per few. A
+generic client's pipeline costs 4.7 system calls per value; this path 0.6.
 
 Reading, two paths, one outcome per key (``ReadOutcome``):
 
@@ -20,7 +18,7 @@ Reading, two paths, one outcome per key (``ReadOutcome``):
   ``ReplyReader`` straight into its page (header, payload and CRLF in one call), then
   verified in place (its header compared with the one kvtier writes for those bytes;
   decoded only if it differs);
-* ``accept`` (cluster, where redis-py's cluster pipeline returns ``bytes``): verify a
+* ``accept`` (cluster, whose redis-py pipeline returns ``bytes``): verify a
   fetched value, then copy its payload into the page.
 
 Either way a value that is not a verified block of this key and fingerprint (bad
@@ -39,18 +37,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 
 from kvtier.errors import IntegrityError
 from kvtier.media import block_format
 from kvtier.media.block_format import Corruption
-from kvtier.media.redis_client import (
-    BlockValue,
-    Connections,
-    ReplyReader,
-    send_buffers,
-)
+from kvtier.media.redis_client import Connections
+from kvtier.media.resp import BlockValue, ErrorReply, ReplyReader, send_buffers
 
 logger = logging.getLogger("kvtier.media.remote")
 
@@ -68,7 +60,7 @@ class ReadOutcome(str, enum.Enum):
 
 def set_from_pages(
     conns: Connections, *, batch: list[tuple[bytes, BlockValue]], px: int | None
-) -> list[ResponseError | None]:
+) -> list[ErrorReply | None]:
     """``SET name value [PX px]`` for each of ``batch``, pipelined on one connection.
 
     Returns, per value, ``None`` (stored) or the server's refusal (e.g. ``OOM``). The
@@ -76,19 +68,19 @@ def set_from_pages(
     batch); only a batch whose replies differ is parsed reply by reply.
 
     Raises:
-        RedisConnectionError: a reply that is not ``+OK`` or an error, or a
-            connection closed before every reply came (nothing is known stored).
+        ConnectionError: a reply that is not ``+OK`` or an error, or a connection
+            closed before every reply came (nothing is known stored).
         OSError: the socket failed or timed out.
     """
     if not batch:
         return []
     with conns.owned() as conn:
-        send_buffers(conn._sock, set_commands(batch, px))  # see ReplyReader: we own it
-        reader = ReplyReader(conn._sock, _SET_READ_BYTES)
+        send_buffers(conn.sock, set_commands(batch, px))
+        reader = ReplyReader(conn.sock, _SET_READ_BYTES)
         # one wake-up under the mark, then the rest at the usual mark of one byte: a
         # second read under it would wait for bytes that may never come (a batch
         # whose replies outgrow the buffer, or an error reply that split them)
-        with replies_awaited(conn._sock, min(len(_OK) * len(batch), _SET_READ_BYTES)):
+        with replies_awaited(conn.sock, min(len(_OK) * len(batch), _SET_READ_BYTES)):
             reader.fill()
         if reader.take_if(_OK * len(batch)):
             return [None] * len(batch)
@@ -99,9 +91,8 @@ def set_commands(batch: list[tuple[bytes, BlockValue]], px: int | None) -> list[
     """The buffers of ``SET name value [PX px]`` for each of ``batch``, in RESP, no page
     copied: per value, one ``bytes`` (the end of the previous command, this command's
     head and the block header) and the page itself; then the last command's end.
-    Formatted here rather than by ``ValuePacker``'s generic loop: 3 us per value
-    instead of 9 on the development VM (0.02 CPU s/GB at 256 KiB). None for an empty
-    batch."""
+    Formatted in one ``%`` per value: a generic per-argument packer cost 3x the CPU per
+    value. Empty for an empty batch."""
     if not batch:
         return []
     end = b"\r\n"
@@ -141,9 +132,8 @@ def replies_awaited(sock: Any, nbytes: int) -> Iterator[None]:
     timeout (CPython polls before each ``recv``): on a blocking socket without one a
     ``recv`` under a raised mark hung on Linux loopback in a test.
 
-    Side by side (``benchmarks/remote_store_ceiling.py``, 4 threads x 8 values, load
-    average 4-4.5, median of 9): 256 KiB stores 1.23x, 1 MiB 1.03x, 4 MiB 1.07x, and
-    a quarter less client CPU per GB at 256 KiB (``docs/remote.md``).
+    Worth it at 256 KiB, 4 threads x 8 values: stores 1.23x, a quarter less client
+    CPU per GB (``docs/decisions.md``).
     """
     if isinstance(sock, ssl.SSLSocket) or sock.family not in (socket.AF_INET, socket.AF_INET6):
         yield
@@ -155,12 +145,12 @@ def replies_awaited(sock: Any, nbytes: int) -> Iterator[None]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
 
 
-def _set_reply(line: bytes) -> ResponseError | None:
+def _set_reply(line: bytes) -> ErrorReply | None:
     if line == _OK[:-2]:
         return None
     if line.startswith(b"-"):
-        return ResponseError(line[1:].decode(errors="replace"))
-    raise RedisConnectionError(f"unexpected reply to SET: {line[:40]!r}")
+        return ErrorReply(line[1:].decode(errors="replace"))
+    raise ConnectionError(f"unexpected reply to SET: {line[:40]!r}")
 
 
 def get_into_pages(
@@ -174,7 +164,7 @@ def get_into_pages(
     gets = [_GET % (len(name), name) for _, name, _ in batch]
     window = get_window(max(dest.nbytes for _, _, dest in batch))
     with conns.owned() as conn:
-        sock = conn._sock  # see ReplyReader: we own the connection
+        sock = conn.sock
         sock.sendall(b"".join(gets[:window]))
         reader = ReplyReader(sock)
         outcomes = []
@@ -198,7 +188,7 @@ def get_window(value_bytes: int) -> int:
     connection's reply buffers, and writes them out as the socket takes them: a batch
     of 8 values of 256 KiB held 2 MiB per connection in the server's buffers, long out
     of its caches by the time they were written. With one or two requests outstanding
-    the server's CPU per GB fell by a quarter (``docs/remote.md``).
+    the server's CPU per GB falls by a quarter (``docs/decisions.md``).
     """
     return max(1, WINDOW_BYTES // max(1, value_bytes))
 
@@ -216,7 +206,7 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
         reader.skip(int(line[1:]) + 2)
         return reject(key, dest, "error reply")
     if not line.startswith(b"$"):
-        raise RedisConnectionError(f"unexpected reply to GET: {line[:40]!r}")
+        raise ConnectionError(f"unexpected reply to GET: {line[:40]!r}")
     length = int(line[1:])
     if length != size + dest.nbytes:
         reader.skip(length + 2)
@@ -224,7 +214,7 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
     header, crlf = bytearray(size), bytearray(2)
     reader.read_into(memoryview(header), dest.data, memoryview(crlf))
     if crlf != b"\r\n":
-        raise RedisConnectionError("a bulk reply not ended by CRLF")
+        raise ConnectionError("a bulk reply not ended by CRLF")
     return verified(header, key, fingerprint, dest)
 
 

@@ -14,6 +14,7 @@ from kvtier.scheduler.protocol import (
     OffloadingManager,
     PrepareStoreOutput,
 )
+from kvtier.scheduler.serve import serve_request
 
 __all__ = [
     "POLICIES",
@@ -25,4 +26,5 @@ __all__ = [
     "PrepareStoreOutput",
     "TierManager",
     "make_policy",
+    "serve_request",
 ]

@@ -11,9 +11,11 @@ step, so ``lookup`` never waits for one::
 
 Until an answer is adopted those blocks are misses. At most ``max_in_flight`` checks
 wait or run at once; a later ask is dropped (counted), so a hung server costs one
-blocked I/O thread and nothing else. A check unanswered for ``stall_s`` marks the
-store *stalled*: a caller that could wait for answers (``asking``) stops waiting until
-the checks drain.
+blocked I/O thread and nothing else. A caller that could wait for answers
+(``asking``) does not wait on a store that is *stalled* (a check unanswered for
+``stall_s``) or *failing* (an outage since the last check it answered, e.g. a server
+found down or hung when the store was opened): a fresh engine's first request costs
+no more with a hung server than any later one.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ class SharedStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """An answer: the leading ``keys`` the store held, asked after ``outages`` outages."""
+    """An answer: the leading ``keys`` the store held, asked after ``outages`` outages;
+    ``answered``: the store answered (False: the check failed, ``keys`` is empty)."""
 
     keys: tuple[BlockHash, ...]
     outages: int
+    answered: bool = True
 
 
 class Discovery:
@@ -69,6 +73,7 @@ class Discovery:
         self.dropped = 0  # asks not made because too many were in flight
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvtier-discovery")
         self._futures: dict[BlockHash, Future[Found]] = {}  # first key asked -> check
+        self._answered_after = 0  # the store's outages when its latest answer was asked
 
     def ask(self, keys: Sequence[BlockHash]) -> None:
         """Start a check of ``keys`` (a run from its first key); never waits."""
@@ -88,14 +93,23 @@ class Discovery:
         for first in done:
             self._asked_at.pop(first, None)
             result = self._futures.pop(first).result()
+            if result.answered:
+                self._answered_after = max(self._answered_after, result.outages)
             if result.keys:
                 found.append(result)
         return found
 
     def asking(self, first: BlockHash) -> bool:
         """Whether a check of the run from ``first`` is in flight or not yet adopted,
-        and worth waiting for (``False`` while the store is stalled)."""
-        return first in self._futures and not self.stalled
+        and worth waiting for (``False`` while the store is stalled or failing)."""
+        return first in self._futures and not self.stalled and not self.failing
+
+    @property
+    def failing(self) -> bool:
+        """Whether the store has had an outage since the last check it answered (down
+        or hung, from its start or since): its answers are not waited for until it
+        answers again."""
+        return self.store.outages > self._answered_after
 
     @property
     def stalled(self) -> bool:
@@ -124,9 +138,9 @@ class Discovery:
         try:
             exists = self.store.exists_many(keys)
         except KvtierError:
-            return Found((), outages)  # unreachable or unhealthy: no hits from it now
+            return Found((), outages, answered=False)  # unreachable or unhealthy: no hits
         except Exception:  # a bug, but it must not take the engine down
             logger.exception("shared-store existence check raised")
-            return Found((), outages)
+            return Found((), outages, answered=False)
         run = next((i for i, hit in enumerate(exists) if not hit), len(exists))
         return Found(keys[:run], outages)

@@ -17,50 +17,36 @@ break the protocol raises ``ProtocolError`` before changing anything.
 Eviction is all or nothing, never takes a block among the store's own keys, and costs
 time proportional to the blocks evicted (see ``policies.recency``).
 
-The state is kept as a slot map and a set rather than one object per block, so that
-each batch call is a few C-level set and dict operations (``map``, ``filter``,
-``isdisjoint``) instead of a Python loop over its keys::
+The state is plain structures::
 
-    _slots: key -> slot            every resident block (STORING or READY) ...
-                -> (slot, pins)    ... but one pinned by loads (pins >= 1)
-    _storing: set                  STORING blocks (few: stores in flight); READY = the rest
+    _slots:      dict key -> slot      every resident block (STORING or READY)
+    _storing:    set of keys           the STORING ones (few: stores in flight); READY = the rest
+    _pinned:     set of keys           the READY blocks pinned by loads (one pin or more)
+    _more_pins:  Counter key -> pins   pins past the first (a block two loads pin at once)
+
+A block's pins are ``(key in _pinned) + _more_pins[key]``. The pinned blocks are a set,
+with the rare further pins apart, so that a load of blocks pinned once each -- the
+usual case -- pins and unpins with set operations, not a loop over its keys.
 
 What eviction must not take is a STORING block or a pinned one (never both: a STORING
-block cannot be loaded), asked through ``HeldBlocks`` over the set and the slot map.
-The pins live in the slot map because eviction reads a victim's entry there anyway (to
-free its slot): the policy's test of a batch of candidates reads those entries first,
-and the pop then finds them in cache, where a set of pinned keys cost a cache miss per
-candidate (a set of 50,000 keys: about 2 MiB). A pinned entry is a tuple so that a
-batch is tested by ``sum`` of its entries (C-level, fast for ints; a tuple among them
-raises ``TypeError``) rather than by comparisons; pinning keeps the slot's int object
-in the tuple. The few STORING keys stay in a set of their own: stores churn, and a set
-that small stays in cache.
+block cannot be loaded), asked through ``HeldBlocks`` over the two sets.
 """
 
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
-from itertools import filterfalse, repeat, takewhile
-from operator import itemgetter
-from typing import cast
+from itertools import filterfalse, takewhile
 
 from kvtier.blocks import BlockHash, BlockId, Medium
 from kvtier.errors import ConfigError, ProtocolError
 from kvtier.load_store_specs import SPEC_BY_MEDIUM, BlockIdsSpec
 from kvtier.scheduler.policies import EvictionPolicy, make_policy
-from kvtier.scheduler.policies.base import HeldBlocks, get_all
+from kvtier.scheduler.policies.base import HeldBlocks
 from kvtier.scheduler.protocol import ManagerStats, OffloadingEvent, PrepareStoreOutput
 from kvtier.scheduler.slots import FreeSlots
-
-Entry = BlockId | tuple[BlockId, int]
-"""A slot-map value: the slot, or ``(slot, pins)`` for a block pinned by loads."""
-
-# A pinned entry's slot and pins (on an int entry: ``TypeError``).
-_SLOT = cast("Callable[[Entry], BlockId]", itemgetter(0))
-_PINS = cast("Callable[[Entry], int]", itemgetter(1))
 
 
 class BlockState(enum.Enum):
@@ -111,12 +97,12 @@ class TierManager:
         self.enable_events = enable_events
         self.store_threshold = store_threshold
         self._spec_type: type[BlockIdsSpec] = SPEC_BY_MEDIUM[medium]
-        # key -> slot, or (slot, pins) when pinned: every resident block (module docstring)
-        self._slots: dict[BlockHash, Entry] = {}
+        self._slots: dict[BlockHash, BlockId] = {}  # every resident block (module docstring)
         self._storing: set[BlockHash] = set()
+        self._pinned: set[BlockHash] = set()  # READY blocks pinned by loads
+        self._more_pins: Counter[BlockHash] = Counter()  # their pins past the first
         # Blocks STORING or pinned by a load: not evictable now (module docstring).
-        # It also counts the pinned blocks (``n_pinned``), which the loads keep.
-        self._is_held = HeldBlocks(self._storing, self._slots)
+        self._is_held = HeldBlocks(self._storing, self._pinned)
         self._free = FreeSlots(num_blocks)  # memory grows with what the tier holds
         self._events: list[OffloadingEvent] = []
         self._seen: OrderedDict[BlockHash, int] = OrderedDict()  # admission counts
@@ -144,13 +130,11 @@ class TierManager:
 
     def pins(self, key: BlockHash) -> int:
         """How many loads currently pin the block (0 when absent)."""
-        entry = self._slots.get(key)
-        return entry[1] if type(entry) is tuple else 0
+        return (key in self._pinned) + self._more_pins[key]
 
     def slot(self, key: BlockHash) -> BlockId | None:
         """The block's slot, or ``None`` when it is not resident."""
-        entry = self._slots.get(key)
-        return entry[0] if isinstance(entry, tuple) else entry
+        return self._slots.get(key)
 
     @property
     def num_free(self) -> int:
@@ -192,30 +176,24 @@ class TierManager:
             ProtocolError: a key is absent or still being stored (nothing is pinned).
         """
         slots, storing = self._slots, self._storing
-        try:
-            entries: Sequence[Entry] | None = get_all(slots, block_hashes)
-        except KeyError:
-            entries = None
-        if entries is None or (storing and not storing.isdisjoint(block_hashes)):
+        if not all(map(slots.__contains__, block_hashes)) or (
+            storing and not storing.isdisjoint(block_hashes)
+        ):
             key = next(k for k in block_hashes if k not in slots or k in storing)
             raise ProtocolError(
                 f"prepare_load: block {key.hex()[:16]} is "
-                f"{'storing' if key in self._slots else 'absent'}, not ready"
+                f"{'storing' if key in slots else 'absent'}, not ready"
             )
-        # The usual case: first pins (every entry an int: ``sum`` does not raise), each
-        # key once (the new entries' dict is as long as the batch), merged in C.
-        try:
-            sum(entries)  # type: ignore[arg-type]
-            pinned = dict(zip(block_hashes, zip(entries, repeat(1)), strict=True))  # (slot, 1)s
-            first = len(pinned) == len(entries)
-        except TypeError:  # a pinned entry
-            first = False
-        if first:
-            slots.update(pinned)  # type: ignore[arg-type]
-            self._is_held.n_pinned += len(entries)
-            block_ids = cast("Sequence[BlockId]", entries)
+        block_ids = [slots[key] for key in block_hashes]
+        pinned = self._pinned
+        if pinned.isdisjoint(block_hashes) and len(set(block_hashes)) == len(block_hashes):
+            pinned.update(block_hashes)  # the usual case: first pins, each key once
         else:
-            block_ids = self._pin_each(block_hashes)
+            for key in block_hashes:
+                if key in pinned:
+                    self._more_pins[key] += 1
+                else:
+                    pinned.add(key)
         self._n["loads"] += len(block_hashes)
         return self._spec_type.for_blocks(block_hashes, block_ids)
 
@@ -235,16 +213,13 @@ class TierManager:
         Raises:
             ProtocolError: a key is absent or not pinned (nothing is unpinned).
         """
-        slots, held = self._slots, self._is_held
-        try:  # the usual case: one pin each (a tuple), each key once, all released
-            entries = get_all(slots, block_hashes)
-            unpinned = dict(zip(block_hashes, map(_SLOT, entries), strict=True))  # an int: raises
-            once = sum(map(_PINS, entries)) == len(entries) == len(unpinned)
-        except (KeyError, TypeError):
-            once = False
-        if once:
-            slots.update(unpinned)
-            held.n_pinned -= len(unpinned)
+        pinned, more = self._pinned, self._more_pins
+        if (
+            not more
+            and pinned.issuperset(block_hashes)
+            and len(set(block_hashes)) == len(block_hashes)
+        ):  # the usual case: one pin each, each key once
+            pinned.difference_update(block_hashes)
             self.policy.release_all(block_hashes)
             return
         need = Counter(block_hashes)
@@ -255,12 +230,13 @@ class TierManager:
                 )
         released = []
         for key, count in need.items():
-            slot, pins = cast("tuple[BlockId, int]", slots[key])
-            if pins > count:
-                slots[key] = (slot, pins - count)
-            else:
-                slots[key] = slot
-                held.n_pinned -= 1
+            if more[key] >= count:
+                more[key] -= count
+                if not more[key]:
+                    more.pop(key)
+            else:  # its last pin: count is its pins
+                more.pop(key, None)
+                pinned.remove(key)
                 released.append(key)
         self.policy.release_all(released)
 
@@ -296,7 +272,7 @@ class TierManager:
             self._evict(victims)
             evicted = victims
         new_slots = self._free.take(len(to_store))
-        deque(map(slots.setdefault, to_store, new_slots), maxlen=0)  # new keys: inserts
+        slots.update(zip(to_store, new_slots, strict=True))
         self._storing.update(to_store)
         self.policy.add_all(to_store)
         if self.store_threshold > 1:
@@ -320,12 +296,13 @@ class TierManager:
         """
         slots, storing = self._slots, self._storing
         threshold = self.store_threshold
-        room = len(self._free) + len(slots) - len(storing) - self._is_held.n_pinned  # + evictable
+        pinned = self._pinned
+        room = len(self._free) + len(slots) - len(storing) - len(pinned)  # + evictable
         new: set[BlockHash] = set()
         protected: set[BlockHash] = set()
         for i, key in enumerate(block_hashes):
             if key in slots:
-                if key not in storing and type(slots[key]) is not tuple and key not in protected:
+                if key not in storing and key not in pinned and key not in protected:
                     protected.add(key)  # READY, unpinned: the store's own, never evicted
                     room -= 1
             elif key not in new:
@@ -366,7 +343,7 @@ class TierManager:
         else:
             changed = list(dict.fromkeys(changed))
             for key in changed:
-                self._free.append(cast(BlockId, slots.pop(key)))  # unpinned: the slot
+                self._free.append(slots.pop(key))
                 self.policy.remove(key)
             self._n["store_failures"] += len(changed)
         if success and changed and self.enable_events:
@@ -417,14 +394,14 @@ class TierManager:
         loaded. Absent, pinned or STORING keys are left as they are. Returns the keys
         dropped (recorded as removed events).
         """
-        slots, storing = self._slots, self._storing
+        slots, storing, pinned = self._slots, self._storing, self._pinned
         gone = [
             k
             for k in dict.fromkeys(block_hashes)
-            if k in slots and k not in storing and type(slots[k]) is not tuple
+            if k in slots and k not in storing and k not in pinned
         ]
         for key in gone:
-            self._free.append(cast(BlockId, slots.pop(key)))  # unpinned: the slot
+            self._free.append(slots.pop(key))
             self.policy.remove(key)
         if gone and self.enable_events:
             self._events.append(
@@ -457,41 +434,16 @@ class TierManager:
     # -- internals ------------------------------------------------------------------
 
     def _evict(self, victims: list[BlockHash]) -> None:
-        storing, slots = self._storing, self._slots  # an empty set is not asked
-        if storing and not storing.isdisjoint(victims):
+        if self._is_held.any_of(victims):
             raise AssertionError("policy chose a held block")
-        if not self._is_held.n_pinned:
-            self._free.extend(cast("map[BlockId]", map(slots.pop, victims)))
-        else:  # the entries are in cache: ``any_of`` read them
-            entries = list(map(slots.pop, victims))
-            try:
-                sum(entries)  # type: ignore[arg-type]
-            except TypeError:  # a pinned block: put them back
-                slots.update(zip(victims, entries, strict=True))
-                raise AssertionError("policy chose a held block") from None
-            self._free.extend(cast("list[BlockId]", entries))
+        slots = self._slots
+        self._free.extend(map(slots.pop, victims))
         self.policy.evict(victims)
         self._n["evictions"] += len(victims)
         if self.enable_events:
             self._events.append(
                 OffloadingEvent(tuple(victims), self.block_size, self.medium, removed=True)
             )
-
-    def _pin_each(self, keys: Sequence[BlockHash]) -> list[BlockId]:
-        """Add one pin per occurrence of each key, one key at a time; return the
-        keys' slots, in order."""
-        slots, held = self._slots, self._is_held
-        out = []
-        for key in keys:
-            entry = slots[key]
-            if type(entry) is tuple:
-                slots[key] = (entry[0], entry[1] + 1)
-                out.append(entry[0])
-            else:
-                slots[key] = (cast(BlockId, entry), 1)
-                held.n_pinned += 1
-                out.append(cast(BlockId, entry))
-        return out
 
     def _count_seen(self, keys: Sequence[BlockHash]) -> None:
         seen = self._seen

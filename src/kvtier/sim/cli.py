@@ -2,6 +2,7 @@
 
 Runs in its own process (scheduler side only, no torch). One capacity::
 
+    kvtier simulate --capacity 5%                  # the engine's default policy
     kvtier simulate --capacity 5% --policy lru
     kvtier simulate --trace T.jsonl --capacity 8GiB --kv-bytes-per-token 160KiB --json out.json
 
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 
 from kvtier import options
+from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError, TraceError
 from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.scheduler.policies import POLICIES
@@ -34,6 +37,17 @@ from kvtier.sim.workload import SHAPES, generate, shaped
 
 DEFAULT_TRACE = SYNTHETIC_TRACE
 """The trace used when none is given: Mooncake's synthetic trace, shipped in the package."""
+
+
+def _engine_default_policy() -> str:
+    (default,) = (f.default for f in fields(OffloadingConfig) if f.name == "eviction_policy")
+    assert isinstance(default, str), "OffloadingConfig.eviction_policy has a default name"
+    return default
+
+
+ENGINE_DEFAULT_POLICY = _engine_default_policy()
+"""The policy replayed when none is given: the one an engine runs by default
+(``OffloadingConfig.eviction_policy``), so that a replay predicts the engine's hits."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         choices=sorted(POLICIES),
-        help="eviction policy, repeatable (default: lru)",
+        help=f"eviction policy, repeatable (default: the engine's, {ENGINE_DEFAULT_POLICY})",
     )
     parser.add_argument(
         "--store-threshold",
@@ -186,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
         ConfigError: a bad option (named), found before the replay.
         TraceError: the trace is malformed or empty.
     """
-    policies = args.policy or ["lru"]
+    policies = args.policy or [ENGINE_DEFAULT_POLICY]
     sweeping = args.sweep is not None
     capacities = parse_capacities(args.sweep) if sweeping else (parse_capacity(args.capacity),)
     disk_capacity = (
@@ -240,7 +254,7 @@ def _write_json(
             "distinct_blocks": trace.num_distinct_blocks,
             "block_size": trace.block_size,
         },
-        "policies": args.policy or ["lru"],
+        "policies": args.policy or [ENGINE_DEFAULT_POLICY],
         "capacities": [p.capacity for p in points],
         "store_threshold": args.store_threshold,
         "disk_capacity": args.disk_capacity,

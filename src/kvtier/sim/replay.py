@@ -2,14 +2,8 @@
 
 Runs in the ``kvtier simulate`` process; pure Python, no torch. The replay drives the
 same ``OffloadingManager`` code, with the same eviction policies, that an engine runs
--- not a model of them -- following the engine's flow for each request, exactly as
-``docs/simulate.md`` defines it::
-
-    hit = lookup(keys)                   # longest run of ready blocks from the first
-    touch(keys)                          # the resident blocks are used again
-    out = prepare_store(keys[hit:])      # store the rest, evicting other blocks
-    touch(keys)                          # the whole request is most recent, key 0 first
-    complete_store(out.block_hashes_to_store)   # if out is not None
+-- not a model of them -- following the engine's flow for each request
+(``scheduler.serve.serve_request``: look up, touch, store the rest, touch again).
 
 Stores complete at once (no transfer is simulated), so nothing is held between
 requests. A capacity of 0 blocks caches nothing: every request misses, and no manager
@@ -33,6 +27,7 @@ from kvtier.errors import ConfigError
 from kvtier.scheduler import CPUOffloadingManager, ManagerStats, OffloadingManager
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.policies import make_policy
+from kvtier.scheduler.serve import serve_request
 from kvtier.scheduler.tiering import TieredManager
 from kvtier.sim.metrics import HitCounter, HitRatios
 from kvtier.sim.progress import Progress
@@ -138,22 +133,13 @@ def replay(
         enable_events=False,
         store_threshold=store_threshold,
     )
-    lookup = manager.lookup
-    touch = manager.touch
-    prepare_store = manager.prepare_store
-    complete_store = manager.complete_store
     counter = HitCounter(trace.block_size)
     add = counter.add
     advance = progress.advance if progress is not None else None
     start = time.perf_counter()
     for request in trace.requests:
         keys = request.keys
-        hit = lookup(keys)
-        touch(keys)
-        out = prepare_store(keys[hit:])
-        touch(keys)
-        if out is not None:
-            complete_store(out.block_hashes_to_store)
+        hit = serve_request(manager, keys)
         add(hit, len(keys), request.input_length)
         if after_request is not None:
             after_request(manager)

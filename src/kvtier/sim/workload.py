@@ -135,7 +135,7 @@ def generate(config: WorkloadConfig | None = None) -> Trace:
     ids = _Ids()
     prompts = [ids.extend([], cfg.system_prompt_blocks) for _ in range(cfg.system_prompts)]
     weights = [1.0 / (rank + 1) ** cfg.zipf_s for rank in range(cfg.system_prompts)]
-    tools = [  # none unless asked for: other shapes' traces stay as they were
+    tools = [  # none without agents: a shape without them draws no random numbers here
         ids.extend([], rng.randint(*cfg.tool_prompt_blocks))
         for _ in range(cfg.tool_prompts if cfg.agent_share else 0)
     ]

@@ -32,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fault-interval", type=float, default=4.0, help="mean seconds between faults"
     )
+    parser.add_argument(
+        "--engine",
+        choices=("reference", "vllm"),
+        default="reference",
+        help="the engine under test: kvtier's reference engine (two processes), or a real "
+        "vLLM OpenAI server with kvtier's spec (needs vLLM installed here)",
+    )
     add_json_option(parser, "soak")
     parser.add_argument(
         "--workdir", type=Path, default=None, help="scratch directory (default: a temporary one)"
@@ -45,8 +52,6 @@ SUMMED = ("requests_served", "tokens_compared", "engine_restarts", "failed_loads
 
 
 def main(args: argparse.Namespace) -> int:
-    from kvtier.soak.runner import Soak, SoakOptions
-
     for key, value in (
         ("--duration", args.duration),
         ("--max-requests", args.max_requests),
@@ -55,17 +60,16 @@ def main(args: argparse.Namespace) -> int:
     ):
         if not value > 0:
             raise ConfigError(key, f"must be positive, got {value}")
+    if args.engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("--engine", "vllm is not installed here: run this where vLLM is")
     out = check_output("--json", args.json or default_path("soak"))
     per_seed = []
     for seed in range(args.seed, args.seed + args.seeds):
-        options = SoakOptions(
-            duration_s=args.duration,
-            max_requests=args.max_requests,
-            seed=seed,
-            fault_interval_s=args.fault_interval,
-        )
         with tempfile.TemporaryDirectory(prefix="kvtier-soak-", dir=args.workdir) as tmp:
-            figures = Soak(options, Path(tmp)).run()
+            figures = _soak(args, seed, Path(tmp))
         per_seed.append({"seed": seed, **figures})
         if args.seeds > 1:
             bad = {k: figures[k] for k in FAILING if figures[k]}
@@ -81,6 +85,7 @@ def main(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "seeds": args.seeds,
         "fault_interval_s": args.fault_interval,
+        "engine": args.engine,
     }
     results: dict[str, Any] = per_seed[0] if args.seeds == 1 else totals(per_seed)
     print(json.dumps(results, indent=2))
@@ -93,6 +98,36 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 1 if failed else 0
+
+
+def _soak(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
+    """One seed's soak, of the engine ``--engine`` names."""
+    if args.engine == "vllm":
+        from kvtier.soak.vllm import VllmSoak, VllmSoakOptions
+
+        vllm = VllmSoakOptions(
+            duration_s=args.duration,
+            max_requests=args.max_requests,
+            seed=seed,
+            fault_interval_s=args.fault_interval,
+        )
+        figures = VllmSoak(vllm, workdir).run()
+        # the reference engine's names, so one check and one summary serve both
+        return {
+            **figures,
+            "engine_crashes": figures["server_crashes"],
+            "engine_restarts": figures["server_restarts"],
+            "corrupt_blocks_on_restart": 0,
+        }
+    from kvtier.soak.runner import Soak, SoakOptions
+
+    options = SoakOptions(
+        duration_s=args.duration,
+        max_requests=args.max_requests,
+        seed=seed,
+        fault_interval_s=args.fault_interval,
+    )
+    return Soak(options, workdir).run()
 
 
 def totals(per_seed: list[dict[str, Any]]) -> dict[str, Any]:

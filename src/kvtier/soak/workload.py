@@ -10,9 +10,18 @@ asked next. A conversation that reached its last turn starts over as a new one.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from kvtier.engine import LLM
+
+class Reference(Protocol):
+    """What answers the workload's prompts: an engine without offloading (``LLM``, or
+    a vLLM server without the connector)."""
+
+    def generate(
+        self, prompt_token_ids: Sequence[Sequence[int]], max_new_tokens: int
+    ) -> list[list[int]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +51,7 @@ class Conversations:
 
     def __init__(
         self,
-        reference: LLM,
+        reference: Reference,
         vocab: int,
         seed: int,
         slots: int = 8,

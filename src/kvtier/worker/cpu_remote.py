@@ -164,8 +164,8 @@ class CpuRemoteHandler(OffloadingHandler):
         """Block until the given jobs have finished (unknown or reported ids: no wait).
 
         The caller is woken once, when the last of them ends, not as each one does: a
-        wake-up per job cost the loop's thread a futex call and the GIL handed to the
-        waiting thread and back (``docs/remote.md``)."""
+        wake-up per job costs the loop's thread a futex call and the GIL handed to the
+        waiting thread and back."""
         with self._cv:
             waiter = _Waiter()
             for job_id in job_ids:

@@ -22,6 +22,7 @@ from kvtier.scheduler.policies import density, hit_density, make_policy
 from kvtier.scheduler.policies.density import SHARED, DensityPolicy, chain_class
 from kvtier.scheduler.policies.hit_density import BUCKETS, HitDensity
 from kvtier.scheduler.policies.prefix_history import PrefixHistory
+from kvtier.scheduler.serve import serve_request
 from kvtier.sim.replay import replay
 from kvtier.sim.trace import trace_from_requests
 from tests.budget import examples
@@ -149,14 +150,7 @@ def test_until_anything_happens_every_class_ranks_by_age() -> None:
 
 def _serve(manager: TierManager, ids: list[int]) -> int:
     """The replay's flow for one request; returns its prefix hit."""
-    request = keys(*ids)
-    hit = manager.lookup(request)
-    manager.touch(request)
-    out = manager.prepare_store(request[hit:])
-    manager.touch(request)
-    if out is not None:
-        manager.complete_store(out.block_hashes_to_store)
-    return hit
+    return serve_request(manager, keys(*ids))
 
 
 def test_chain_classes_count_generation_depth_and_tail() -> None:

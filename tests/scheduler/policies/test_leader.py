@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
+from kvtier.scheduler.policies.shadow import ShadowTier
 from kvtier.sim.replay import replay
 from kvtier.sim.workload import generate, shaped
 from tests.budget import examples
@@ -100,7 +101,7 @@ def test_a_request_every_shadow_hit_whole_takes_the_shared_fast_path(
     policy.observe(first)  # a hit of both keys in every shadow
     assert policy._everywhere == set(first)
     with monkeypatch.context() as mp:  # the fast path: no shadow serves it on its own
-        mp.setattr(leader._Shadow, "request", None)
+        mp.setattr(ShadowTier, "lookup", None)
         policy.observe(first)
     assert [shadow.hits for shadow in policy._shadows] == [4] * len(leader.CANDIDATES)
     policy.observe(second)
@@ -156,8 +157,14 @@ def test_the_fast_path_changes_no_shadow(shape: str, capacity: int) -> None:
         took_fast += fast._everywhere.issuperset(keys)
         fast.observe(keys)
         slow.observe(keys)
-        state = (fast._leader, fast._left, fast._squares, fast._spreads, fast._scores)
-        assert state == (slow._leader, slow._left, slow._squares, slow._spreads, slow._scores)
+        a, b = fast._switch, slow._switch
+        assert (a.leader, a._left, a._squares, a._spreads, a._scores) == (
+            b.leader,
+            b._left,
+            b._squares,
+            b._spreads,
+            b._scores,
+        )
         for a, b in zip(fast._shadows, slow._shadows, strict=True):
             assert a.hits == b.hits and a.resident == b.resident
             assert pickle.dumps(a.policy) == pickle.dumps(b.policy)  # its whole state
@@ -215,7 +222,7 @@ def test_the_lead_changes_hands_on_a_workload_that_favours_another(
 def test_a_clear_or_significant_lead_ends_a_window_early(
     monkeypatch: pytest.MonkeyPatch, early: float, significance: float, last: str
 ) -> None:
-    """Issue 14: a window of 8,192 keys is up to 80 capacities of a small tier, and a
+    """A window of 8,192 keys is up to 80 capacities of a small tier, and a
     policy 20 % behind cost the tier 200-300 blocks before the first decision. Here
     the window never ends; with ``EARLY`` 4, or with ``SIGNIFICANCE`` 1 alone (a lead
     of one standard deviation of the decayed per-request differences, tested after

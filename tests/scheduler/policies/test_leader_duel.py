@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies import LeaderPolicy, leader, make_policy
+from kvtier.scheduler.policies.shadow import ShadowTier
+from kvtier.scheduler.serve import serve_request
 from tests.budget import examples
 
 from .models import CANDIDATE_MODELS, CANDIDATE_NAMES, LeaderModel, _ShadowModel
@@ -34,12 +36,15 @@ def _never_held(key: BlockHash) -> bool:
 @pytest.mark.parametrize("index", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("capacity", [1, 2, 3, 5])
 def test_each_shadow_serves_a_request_as_its_model_does(index: int, capacity: int) -> None:
-    shadow = leader._Shadow(leader.CANDIDATES[index], capacity)
+    shadow = ShadowTier(leader.CANDIDATES[index], capacity)
     model = _ShadowModel(CANDIDATE_MODELS[index](capacity))
     rng = random.Random(capacity * 3 + index)
     for _ in range(300):
         keys = [block_key(rng.randrange(2 * capacity + 3)) for _ in range(rng.randint(1, 5))]
-        assert shadow.request(keys) == model.serve(keys)
+        serve_request(shadow, keys)
+        last = shadow.last
+        done = ([], []) if last is None else (last.block_hashes_evicted, last.block_hashes_to_store)
+        assert done == model.serve(keys)
         assert shadow.hits == model.hits
         assert shadow.resident == set(model.resident)
 

@@ -7,8 +7,7 @@ manager's store (``coldest`` then ``remove_found`` of its answer) -- with holds 
 releases so keys get parked, and compares after every step the whole order (parked
 keys first, as they are the coldest), the victims ``coldest`` picks, ``first`` and
 ``first_n``, and membership with the model. Few keys, so each is touched, parked,
-removed and re-added often. (Written for a queue-of-entries version of the list,
-measured and reverted in issue 15's fifth round; it holds for this one too.)
+removed and re-added often.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The slow walks of ``RecencyList`` and ARC: parking order, parking cost, the T1 count.
 
-Each test here was written for a mutant that survived ``scripts/mutate.sh policies``
-(2026-11-23): a search that parks nothing but still returns the right victims, parked
+Each test here was written for a mutant that survived ``scripts/mutate.sh policies``:
+a search that parks nothing but still returns the right victims, parked
 blocks listed by key instead of by parking order, ARC's walk miscounting T1, and
 ARC's batch touch with a ``storing`` that is not a set. Each names the exact victims,
 in order, worked out by hand, and checks them against the plain reference model too.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvtier.blocks import BlockHash, Medium
 from kvtier.scheduler.manager import TierManager
+from kvtier.scheduler.serve import serve_request
 
 
 def block_key(i: int) -> BlockHash:
@@ -41,13 +42,6 @@ def serve(
 
 
 def serve_one(m: TierManager, ids: list[int]) -> int:
-    """One request to one manager, as the replay serves it: look up, touch, store the
-    misses, touch again. Returns its prefix hit."""
-    keys = [block_key(i) for i in ids]
-    hit = m.lookup(keys)
-    m.touch(keys)
-    out = m.prepare_store(keys[hit:])
-    m.touch(keys)
-    if out is not None:
-        m.complete_store(out.block_hashes_to_store)
-    return hit
+    """One request to one manager, as the replay serves it (``serve_request``).
+    Returns its prefix hit."""
+    return serve_request(m, [block_key(i) for i in ids])

@@ -37,12 +37,14 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from kvtier.blocks import BlockHash
 from kvtier.scheduler.policies.base import IsHeld
 from kvtier.scheduler.policies.sampling import is_sampled, sample_rate
 from kvtier.scheduler.policies.slru import GHOST_FACTOR, PROTECTED_SHARE, SegmentedLRUPolicy
 from kvtier.scheduler.policies.timed import TimedGhostedList, TimedRecencyList
+from kvtier.scheduler.serve import serve_request
 
 SHARES = (0.0, 0.25, 0.5, 0.75, 0.9)
 """Candidate protected shares (0.0 is LRU, 0.9 is ``slru``)."""
@@ -55,12 +57,15 @@ DECAY = 0.875
 
 
 class _Shadow:
-    """A keys-only copy of the tier's rules at one share, fed whole requests.
+    """A keys-only copy of the tier's rules at one share, served requests by
+    ``serve.serve_request``.
 
-    ``request(keys)`` replays one lookup the way the tier serves it: the prefix hit is
-    counted, the resident keys are used again (the first key last, so it ends up the
-    most recent), and the missing ones are stored (a ghost enters protected). Values
-    are last-use times, as the tier keeps them.
+    As the tier serves a request: the prefix hit is counted, the resident keys are used
+    again (the first key last, so it ends up the most recent), and the missing ones are
+    stored (a ghost enters protected). Values are last-use times, as the tier keeps
+    them. Two simplifications, the same for every share: each stored key evicts as it
+    enters (the coldest block, even one of the request), and the request is used only
+    once -- its second use, after the store, is skipped.
     """
 
     __slots__ = (
@@ -72,6 +77,7 @@ class _Shadow:
         "_prot",
         "_prot_max",
         "_share_cap",
+        "_used",
         "hits",
     )
 
@@ -84,18 +90,27 @@ class _Shadow:
         self._prot: OrderedDict[BlockHash, int] = OrderedDict()
         self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
         self._clock = 0
+        self._used = False  # the request has been used since its lookup
         self.hits = 0
 
-    def request(self, keys: Sequence[BlockHash]) -> None:
-        prob, prot, ghost = self._prob, self._prot, self._ghost
+    def lookup(self, block_hashes: Sequence[BlockHash]) -> int:
+        prob, prot = self._prob, self._prot
         hit = 0
-        for key in keys:
+        for key in block_hashes:
             if key not in prot and key not in prob:
                 break
             hit += 1
         self.hits += hit
+        self._used = False
+        return hit
+
+    def touch(self, block_hashes: Sequence[BlockHash]) -> None:
+        if self._used:  # its second use is skipped (class docstring)
+            return
+        self._used = True
+        prob, prot = self._prob, self._prot
         clock = self._clock
-        for key in reversed(keys):  # a use of every resident key
+        for key in reversed(block_hashes):  # a use of every resident key
             if key in prot:
                 clock += 1
                 prot[key] = clock
@@ -104,9 +119,16 @@ class _Shadow:
                 del prob[key]
                 clock += 1
                 self._protect(key, clock)
-        for key in keys:  # the missing keys are stored
+        self._clock = clock
+
+    def prepare_store(self, block_hashes: Sequence[BlockHash]) -> StoredKeys:
+        prob, prot, ghost = self._prob, self._prot, self._ghost
+        stored = []
+        clock = self._clock
+        for key in block_hashes:
             if key in prot or key in prob:
                 continue
+            stored.append(key)
             clock += 1
             if key in ghost:
                 del ghost[key]
@@ -118,6 +140,10 @@ class _Shadow:
         self._clock = clock
         while len(ghost) > self._ghost_cap:
             ghost.popitem(last=False)
+        return StoredKeys(stored)
+
+    def complete_store(self, block_hashes: Sequence[BlockHash]) -> None:
+        """Stored keys are resident at once: nothing to complete."""
 
     def _protect(self, key: BlockHash, clock: int) -> None:
         prot = self._prot
@@ -135,6 +161,13 @@ class _Shadow:
         else:
             victim, _ = prob.popitem(last=False)
         self._ghost[victim] = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredKeys:
+    """What a shadow's ``prepare_store`` stored."""
+
+    block_hashes_to_store: list[BlockHash]
 
 
 class AdaptivePolicy(SegmentedLRUPolicy):
@@ -170,7 +203,7 @@ class AdaptivePolicy(SegmentedLRUPolicy):
     def observe(self, keys: Sequence[BlockHash]) -> None:
         if keys and is_sampled(keys, self._mask):
             for shadow in self._shadows:
-                shadow.request(keys)
+                serve_request(shadow, keys)
             self._left -= len(keys)
             if self._left <= 0:
                 self._decide()

@@ -22,64 +22,53 @@ Adding a policy is one file: subclass, implement these, and register it in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence, Set
-from operator import itemgetter
-from typing import Any
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence, Set
+from typing import TypeVar
 
 from kvtier.blocks import BlockHash
 
 IsHeld = Callable[[BlockHash], bool]
+K = TypeVar("K", bound=Hashable)
 
 
 class HeldBlocks:
     """The manager's ``is_held``: a block being stored, or pinned by a load.
 
-    The manager keeps the few STORING blocks in a set (they change on every store) and
-    each block's pins in its slot map, whose value is the slot, or ``(slot, pins)`` for
-    a pinned block, with the number of pinned blocks in ``n_pinned``; it changes them
-    in place, this only reads them. Called with a key it answers for one block (a
-    Python call); ``any_of`` answers for a batch in C-level passes
-    (``RecencyList.coldest`` uses it). The pins of a batch are read from the slot map's
-    entries of those keys -- the entries eviction pops next, so the test costs no cache
-    miss of its own, where a separate set of pinned keys cost one per key.
+    Reads the manager's sets of STORING blocks and of pinned ones, which the manager
+    changes in place. Called with a key it answers for one block; ``any_of`` answers
+    for a batch (``any_held`` asks it when it can).
     """
 
-    __slots__ = ("_slots", "_storing", "n_pinned")
+    __slots__ = ("_pinned", "_storing")
 
-    def __init__(self, storing: Set[BlockHash], slots: Mapping[BlockHash, object]) -> None:
+    def __init__(self, storing: Set[BlockHash], pinned: Set[BlockHash]) -> None:
         self._storing = storing
-        self._slots = slots
-        self.n_pinned = 0  # blocks with a pin; kept by the manager
+        self._pinned = pinned
+
+    @property
+    def n_pinned(self) -> int:
+        """How many blocks are pinned (each counted once, whatever its pins)."""
+        return len(self._pinned)
 
     def __call__(self, key: object) -> bool:
-        return key in self._storing or (
-            self.n_pinned > 0 and type(self._slots.get(key)) is tuple  # type: ignore[call-overload]
-        )
+        return key in self._storing or key in self._pinned
 
     def any_of(self, keys: Sequence[object]) -> bool:
-        """Whether some of ``keys`` (resident) is held. Nothing is asked when nothing
-        is stored or pinned: ``isdisjoint`` of a set and a list hashes and looks up
-        every key even when the set is empty (no stores in flight: the usual case).
-        Pins are found by ``sum`` of the keys' entries: ints add up in C, a pinned
-        block's tuple raises. ``itemgetter(*keys)`` reads the entries in one call, where
-        ``map`` pays a call per key (~60 instructions per key more, by cachegrind)."""
-        storing = self._storing
-        if storing and not storing.isdisjoint(keys):
-            return True
-        if self.n_pinned:
-            try:
-                sum(get_all(self._slots, keys))
-            except TypeError:
-                return True
-        return False
+        """Whether some of ``keys`` is held. An empty set or counter is not asked:
+        ``isdisjoint`` hashes and looks up every key even then, and with no store in
+        flight and no load pending (the usual case) both are empty."""
+        storing, pinned = self._storing, self._pinned
+        return bool(
+            (storing and not storing.isdisjoint(keys)) or (pinned and not pinned.isdisjoint(keys))
+        )
 
 
-def get_all(table: Mapping[Any, Any], keys: Sequence[Any]) -> Sequence[Any]:
-    """``[table[k] for k in keys]`` in one C call (``itemgetter``: no call per key; a
-    lone key's value comes back bare, hence the cases). Raises ``KeyError``."""
-    if len(keys) > 1:
-        return itemgetter(*keys)(table)  # type: ignore[no-any-return]
-    return [table[keys[0]]] if keys else []
+def any_held(is_held: Callable[[K], bool], keys: Sequence[K]) -> bool:
+    """Whether ``is_held`` is true of some of ``keys``: one set test per structure
+    for the manager's ``HeldBlocks``, a call per key for any other function."""
+    if type(is_held) is HeldBlocks:
+        return is_held.any_of(keys)
+    return any(map(is_held, keys))
 
 
 class EvictionPolicy(ABC):

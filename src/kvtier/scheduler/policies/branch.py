@@ -51,8 +51,8 @@ SHARE = 0.5
 """The shared list's target at the start, as a share of the tier."""
 
 KIDS = 3
-"""Different next keys that make a key a branching point (2 marks every document asked
-about twice; 3 and 4 screened alike, ``docs/simulate.md``)."""
+"""Different next keys that make a key a branching point (2 would mark every document
+asked about twice)."""
 
 PRUNE_FACTOR = 4
 """Learned keys remembered at most, as a multiple of the capacity (two generations)."""
@@ -186,15 +186,14 @@ class SharedPrefixPolicy(SegmentedPolicy):
             self._unshared.touch(key)
 
     def touch_all(self, keys: Sequence[BlockHash], storing: Collection[BlockHash]) -> None:
-        """The first two runs of keys in one list are touched in one C-level pass each
+        """The first two runs of keys in one list are touched in one pass each
         (a request's shared prompt, then its history); the keys after them (more runs,
         or parked keys) one by one, so the work stays linear in ``len(keys)`` whatever
         is parked or however the keys alternate between the lists."""
         if not keys:
             return
         shared, unshared = self._shared, self._unshared
-        # the shared prompt, then the history: a C-level pass each (a failed
-        # touch_listed counts the rest in Python: at most twice)
+        # the shared prompt, then the history: a pass each
         i = (shared if keys[0] in shared else unshared).touch_listed(keys)
         n = len(keys)
         if i == n:

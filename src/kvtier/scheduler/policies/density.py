@@ -33,7 +33,7 @@ last use. Every ``UPDATE_KEYS`` looked-up keys the density tables are recomputed
 Each class is a ``RecencyList`` (held blocks parked). A search for victims peeks at
 the coldest block of each class that holds any, keeps them in a heap by rank and
 takes the lowest, then that class's next: O(classes + victims * log classes), not
-O(pinned). ``docs/simulate.md`` has its cells against LRU and ARC (issue 14).
+O(pinned). ``docs/simulate.md`` has its cells against LRU and ARC.
 """
 
 from __future__ import annotations

@@ -28,12 +28,11 @@ in a queue are its first ones, so the front's dead entries are dropped by count
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from collections.abc import Callable, Collection, Generator, Hashable, Iterable, Iterator, Sequence
 from itertools import islice, repeat
 from typing import Final, Generic, TypeVar
 
-from kvtier.scheduler.policies.base import HeldBlocks
+from kvtier.scheduler.policies.base import any_held
 from kvtier.scheduler.policies.entries import EntryQueue
 from kvtier.scheduler.policies.recency import FRESH_BATCHES
 
@@ -102,10 +101,10 @@ class GhostedList(Generic[K]):
 
     def add_all(self, keys: Sequence[K]) -> None:
         """Add keys that are neither in the list nor ghosts, in order, as the most
-        recent (one C-level pass: a new key's ``setdefault`` is an insert)."""
+        recent."""
         rec = self._rec
         before = len(rec)
-        deque(map(rec.setdefault, keys, self._stamps()), maxlen=0)
+        rec.update(zip(keys, self._stamps(), strict=False))  # a key, then its stamp
         assert len(rec) - before == len(keys), "add_all: a key is listed or a ghost"
         self._order.push(keys)
         self._listed += len(keys)
@@ -181,8 +180,7 @@ class GhostedList(Generic[K]):
         rec = self._rec
         if self._order.front(len(victims)) == victims:
             self._order.take(len(victims))
-            rec.update(zip(victims, repeat(GHOST)))  # C-level; __setitem__ via map
-            # is a slot wrapper called with a tuple per key (~30 % slower)
+            rec.update(zip(victims, repeat(GHOST)))
             self._ghosts.push(victims)
             self._listed -= len(victims)
             return []
@@ -230,11 +228,7 @@ class GhostedList(Generic[K]):
             victims = self._order.front(n)
             if (
                 victims is not None
-                and not (
-                    is_held.any_of(victims)  # two C-level passes, no call per key
-                    if type(is_held) is HeldBlocks
-                    else any(map(is_held, victims))
-                )
+                and not any_held(is_held, victims)
                 and not (protected and any(map(protected.__contains__, victims)))
             ):
                 return victims
@@ -325,7 +319,7 @@ class Ghosts(Generic[K]):
         batch = list(keys)
         rec = self._of._rec
         before = len(rec)
-        deque(map(rec.setdefault, batch, repeat(GHOST)), maxlen=0)
+        rec.update(dict.fromkeys(batch, GHOST))
         if len(rec) - before != len(batch):
             raise ValueError("update: a key is already a ghost or in the list")
         self._of._ghosts.push(batch)
@@ -345,4 +339,6 @@ class Ghosts(Generic[K]):
     def pop_oldest(self, n: int) -> None:
         """Drop the ``n`` oldest ghosts (none when ``n <= 0``; at most ``len(self)``)."""
         if n > 0:
-            deque(map(self._of._rec.pop, self._of._ghosts.take_live(n)), maxlen=0)
+            rec = self._of._rec
+            for key in self._of._ghosts.take_live(n):
+                del rec[key]

@@ -20,7 +20,8 @@ ranks by age alone (``1 / (bucket + 1)``: LRU).
 Classes are many and some see few blocks, so each class's counts are shrunk toward
 the pool of all classes' counts: ``PRIOR_EVENTS`` pseudo-events spread as the pool's
 are. A class with few events ranks near the average class, one with many by its own
-counts; on issue 14's 145 cells this took the cells below max(LRU, ARC) from 35 to 13.
+counts: ranked by their own counts alone, classes that saw a few blocks rank on noise,
+and the policy fell below max(LRU, ARC) in many more replayed cells.
 
 A bucket no block of the class reached has, but for the pool's share, no evidence and
 a density near 0 -- the blocks there are the oldest of their class, and LHD evicts them

@@ -30,14 +30,14 @@ key's last-use time there, for the adaptive policy's comparisons between two lis
 
 ``coldest(n)`` is the fast path of a search: when nothing is waiting in the heap and
 the ``n`` coldest keys of the list are neither held nor protected -- the usual case --
-they are the answer, taken and checked by C-level iteration (``islice``, ``map``),
-without the generator.
+they are the answer, taken by ``islice`` and checked by one set test per held kind
+(``base.any_held``), without the generator.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import (
     Callable,
     Collection,
@@ -50,7 +50,7 @@ from collections.abc import (
 from itertools import chain, filterfalse, islice
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from kvtier.scheduler.policies.base import HeldBlocks
+from kvtier.scheduler.policies.base import any_held
 
 if TYPE_CHECKING:
     from kvtier.scheduler.policies.ghosted import GhostedList
@@ -98,10 +98,9 @@ class RecencyList(Generic[K]):
 
     def add_all(self, keys: Sequence[K]) -> None:
         """Add new keys, in order, as the most recent (none may be in the list)."""
-        # One C-level pass; ``setdefault`` (of new keys: a plain insert) is called
-        # with the key on the stack, where ``update`` of (key, None) pairs builds and
-        # unpacks a tuple per key (~180 instructions more per key, by cachegrind).
-        deque(map(self._order.setdefault, keys), maxlen=0)
+        order = self._order
+        for key in keys:
+            order[key] = None
         if self._parked:
             self._note_fresh(keys)
 
@@ -122,7 +121,7 @@ class RecencyList(Generic[K]):
             self._order[key] = None
 
     def touch_all(self, keys: Sequence[K]) -> None:
-        """``touch`` each key, in order (each must be in the list): one C-level pass
+        """``touch`` each key, in order (each must be in the list): moved to the end
         while the keys are in the order (the usual case: all of them), then key by key
         from the first parked one. The parked keys -- every pinned block that reached
         the cold end -- are not looked up first."""
@@ -131,26 +130,26 @@ class RecencyList(Generic[K]):
             self.touch(key)
 
     def touch_listed(self, keys: Sequence[K]) -> int:
-        """``touch`` keys in turn while they are in the order (not parked), in one
-        C-level pass; return how many were touched (``len(keys)`` when all were)."""
-        rest = iter(keys)
+        """``touch`` keys in turn while they are in the order (not parked); return how
+        many were touched (``len(keys)`` when all were)."""
+        move_to_end = self._order.move_to_end
         try:
-            deque(map(self._order.move_to_end, rest), maxlen=0)
-        except KeyError:  # this key is parked or not in the list: not touched
-            return len(keys) - sum(1 for _ in rest) - 1
+            for key in keys:
+                move_to_end(key)
+        except KeyError:  # this key is parked or not in the list: it and the rest not touched
+            # Its first place: had it been touched earlier it would be in the order now.
+            return keys.index(key)
         return len(keys)
 
     def move_all_to_end(self, keys: Sequence[K]) -> None:
         """Make each key the most recent, in order, adding those not in the list."""
         order, parked = self._order, self._parked
-        if parked and not parked.keys().isdisjoint(keys):
-            for key in keys:
-                if parked.pop(key, None) is None:
-                    order.pop(key, None)
+        for key in keys:
+            if key in order:
+                order.move_to_end(key)
+            else:
+                parked.pop(key, None)
                 order[key] = None
-        else:  # C-level: add the new keys, then move every key to the end in turn
-            order.update(dict.fromkeys(filterfalse(order.__contains__, keys)))
-            deque(map(order.move_to_end, keys), maxlen=0)
 
     def members(self, keys: Iterable[K]) -> list[K]:
         """Those of ``keys`` in the list, in order (C-level when none is parked)."""
@@ -180,16 +179,17 @@ class RecencyList(Generic[K]):
     def remove_found(self, keys: Sequence[K]) -> list[K]:
         """Remove those of ``keys`` (distinct) that are in the list; return the others.
 
-        The usual case, every key in the order, is one C-level pass and no other
-        lookup; at the first key not there, the rest go one by one.
+        The usual case, every key in the order, is one pass and no other lookup; from
+        the first key not there, the rest are looked up among the parked ones too.
         """
         order = self._order
-        before = len(order)
         try:
-            deque(map(order.pop, keys), maxlen=0)  # ``pop``: no tuple per call
+            for key in keys:
+                del order[key]
+        except KeyError:  # this key is not in the order: it and the rest are left
+            done = keys.index(key)  # the keys are distinct
+        else:
             return []
-        except KeyError:
-            done = before - len(order)  # the keys before the one not in the order
         rest = keys[done:]
         parked = self._parked
         if parked and not parked.keys().isdisjoint(rest):
@@ -198,7 +198,8 @@ class RecencyList(Generic[K]):
         if not here:
             return list(rest)
         others = list(filterfalse(order.__contains__, rest))
-        deque(map(order.pop, here), maxlen=0)
+        for key in here:
+            del order[key]
         return others
 
     def first_n(self, n: int) -> list[K]:
@@ -257,11 +258,7 @@ class RecencyList(Generic[K]):
             victims = list(islice(self._order, n))
             if (
                 len(victims) == n
-                and not (
-                    is_held.any_of(victims)  # two C-level passes, no call per key
-                    if type(is_held) is HeldBlocks
-                    else any(map(is_held, victims))
-                )
+                and not any_held(is_held, victims)
                 and not (protected and any(map(protected.__contains__, victims)))
             ):
                 return victims

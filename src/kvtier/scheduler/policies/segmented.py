@@ -73,7 +73,7 @@ class SegmentedPolicy(EvictionPolicy):
         self._segment(key).remove(key)
 
     def remove_all(self, keys: Sequence[BlockHash]) -> None:
-        """``remove`` each key (distinct, each resident): one C-level pass per segment
+        """``remove`` each key (distinct, each resident): one pass per segment
         in the usual case, where the keys share one segment (or the first few hold
         them all), and no membership test beforehand."""
         rest = keys

@@ -12,28 +12,17 @@ hash-table insert and delete per stored block, and one more write per touch)::
 A key moved to another list by ``transfer`` (a demotion) keeps its time; a parked key
 keeps it while parked. ``TimedGhostedList`` does the same for a ``GhostedList`` (the
 probation list that shares its table with the ghosts), the time as the key's record.
-Every method stamps each key it adds or touches once, in the
-order of its keys, so a batch method leaves the same times as its per-key loop.
-
-The batch methods write the times of keys already in the list (just moved to the hot
-end) with ``dict.update`` on the ``OrderedDict``: for a key it holds, that replaces
-the value and nothing else, as ``OrderedDict.__setitem__`` itself does (its pure-Python
-reference implementation calls ``dict.__setitem__`` for a key it holds), without
-``OrderedDict``'s own bookkeeping per key: half the cost of a touch's time writes
-(``OrderedDict.update`` costs ~75 ns a key on the bench VM, this ~35 ns).
+Every method stamps each key it adds or touches once, in the order of its keys, so a
+batch method leaves the same times as its per-key loop.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Sequence
 from itertools import islice
 
 from kvtier.scheduler.policies.ghosted import GhostedList
 from kvtier.scheduler.policies.recency import K, RecencyList
-
-_set_held = dict.update
-"""Replace the values of keys a list holds (never a new key: it would not be linked)."""
 
 
 class TimedRecencyList(RecencyList[K]):
@@ -61,9 +50,9 @@ class TimedRecencyList(RecencyList[K]):
         self._order[key] = next(self._clock)
 
     def add_all(self, keys: Sequence[K]) -> None:
-        # map takes a key before a time, so the clock is not advanced past the keys;
-        # ``setdefault`` of a new key is an insert, without update's tuple per key.
-        deque(map(self._order.setdefault, keys, self._clock), maxlen=0)
+        order, clock = self._order, self._clock
+        for key in keys:
+            order[key] = next(clock)
         if self._parked:
             self._note_fresh(keys)
 
@@ -80,20 +69,24 @@ class TimedRecencyList(RecencyList[K]):
         if parked and not parked.keys().isdisjoint(keys):
             for key in keys:
                 self.touch(key)
-        else:  # the usual case: two C-level passes
-            deque(map(self._order.move_to_end, keys), maxlen=0)
-            # a repeated key keeps its last time
-            _set_held(self._order, zip(keys, self._clock, strict=False))
+        else:  # the usual case: every key in the order
+            order, clock = self._order, self._clock
+            for key in keys:
+                order.move_to_end(key)
+                order[key] = next(clock)  # a repeated key keeps its last time
 
     def touch_listed(self, keys: Sequence[K]) -> int:
         done = super().touch_listed(keys)
-        touched = keys if done == len(keys) else islice(keys, done)
-        _set_held(self._order, zip(touched, self._clock, strict=False))
+        order, clock = self._order, self._clock
+        for key in islice(keys, done):
+            order[key] = next(clock)
         return done
 
     def move_all_to_end(self, keys: Sequence[K]) -> None:
         super().move_all_to_end(keys)  # every key is in the order now
-        _set_held(self._order, zip(keys, self._clock, strict=False))
+        order, clock = self._order, self._clock
+        for key in keys:
+            order[key] = next(clock)
 
 
 class TimedGhostedList(GhostedList[K]):
@@ -112,7 +105,7 @@ class TimedGhostedList(GhostedList[K]):
         self._clock = clock
 
     def _stamps(self) -> Iterator[object]:
-        return self._clock  # map takes a key before a time: none is drawn past them
+        return self._clock
 
     def time(self, key: K) -> int:
         """The key's last-use time (it must be in the list, parked or not)."""
