@@ -104,3 +104,33 @@ def test_a_window_loaded_one_block_off_is_caught_by_the_oracle(hybrid: Any) -> N
     docs_workload(h, 40)
     with pytest.raises(AssertionError, match=r"group 0: token \d+ .* holds wrong KV bytes"):
         h.run()
+
+
+def test_kv_caches_kvtier_cannot_copy_are_refused_naming_the_groups(hybrid: Any) -> None:
+    """A hybrid model's tensors in a layout kvtier does not copy (not one page per
+    row): the refusal names the groups and vLLM's workaround."""
+    import torch
+    from vllm.v1.kv_offload.base import (
+        CanonicalKVCacheRef,
+        CanonicalKVCaches,
+        CanonicalKVCacheTensor,
+    )
+
+    from kvtier.errors import ConfigError
+    from tests.integrations.vllm_harness import PAGE
+
+    h = hybrid({"cpu_bytes_to_use": 8 * 2 * 16384}, num_gpu_blocks=24)
+    spec = h.ranks[0].connector.spec
+    fresh = type(spec)(spec.config)  # a worker not yet built
+    packed = torch.zeros((24, 2, PAGE // 2), dtype=torch.int8)  # not one page per row
+    caches = CanonicalKVCaches(
+        tensors=[CanonicalKVCacheTensor(packed, PAGE)],
+        group_data_refs=[[CanonicalKVCacheRef(0, PAGE)], [CanonicalKVCacheRef(0, PAGE)]],
+    )
+    with pytest.raises(ConfigError) as refused:
+        fresh.get_worker(caches)
+    message = str(refused.value)
+    assert message.count("config key 'kv_caches'") == 1
+    assert "tensor 0 has shape (24, 2, 8192)" in message
+    assert "2 KV cache group(s): group 0 (model.layers.0.self_attn.attn" in message
+    assert "--disable-hybrid-kv-cache-manager" in message

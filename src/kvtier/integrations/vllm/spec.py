@@ -210,16 +210,33 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
     def get_worker(self, kv_caches: Any) -> Any:
         """This rank's worker (built once): see ``KvtierWorker``. Runs on vLLM's CPU
-        platform (host tensors) as on CUDA."""
+        platform (host tensors) as on CUDA.
+
+        Raises:
+            ConfigError: (key ``kv_caches``) tensors kvtier cannot copy; for a model of
+                several KV cache groups the message names them and vLLM's workaround.
+        """
         if self._worker is None:
             from kvtier.integrations.vllm.worker import KvtierWorker
 
             region = HostRegion.open(self.region_path, self.layout)
             self._worker_region = region
-            self._worker = KvtierWorker(
-                kv_caches,
-                region.slab(self.rank),
-                region.status()[self.rank],
-                self.blocks_per_chunk,
-            )
+            try:
+                self._worker = KvtierWorker(
+                    kv_caches,
+                    region.slab(self.rank),
+                    region.status()[self.rank],
+                    self.blocks_per_chunk,
+                )
+            except ConfigError as e:
+                if len(self.config.groups) == 1:
+                    raise
+                reason = str(e).removeprefix(f"config key {e.key!r}: ")
+                raise ConfigError(
+                    e.key,
+                    f"{reason} -- the model has {describe_groups(self.config)}; vLLM's "
+                    "--disable-hybrid-kv-cache-manager folds sliding-window layers into "
+                    "one full-attention group (every layer then keeps every block: more "
+                    "GPU memory)",
+                ) from e
         return self._worker
