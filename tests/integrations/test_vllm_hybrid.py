@@ -14,8 +14,12 @@ local attention, a Mamba-style state, one sliding group alone), one child proces
 The steps of 1 and 2: prompt ``A`` (256 tokens) computed; vLLM's GPU prefix cache
 emptied (``reset``), so ``A`` can only come back from kvtier; ``B``, sharing ``A``'s
 first 224 tokens; ``C``, sharing its first 160; then the soak: 24 prompts over three
-shared roots, four at a time, the GPU cache emptied before each batch. Every token of
-every prompt, and its log-probability, is compared with the baseline's.
+shared roots, one at a time, the GPU cache emptied before every fourth. One at a time:
+a lookup kvtier answers ``RETRY`` (it asks Redis) is asked again at a later step, and
+with other prompts in flight what it then finds depends on how fast Redis answered
+(Mistral's 24 prompts run four together had 1,152 and 1,376 tokens cached in two runs
+of the same code). Every token of every prompt, and its log-probability, is compared
+with the baseline's.
 
 What a hit needs, per group: a full-attention group every block before the hit end, a
 windowed group (sliding window, attention chunk, Mamba state) only the blocks of its
@@ -113,16 +117,26 @@ sliding window then keeps the hit to 224). With a Mamba group vLLM keeps the loo
 whole blocks from the start."""
 
 SOAK_HITS = {
-    "gemma2": 1408,
-    "gemma3": 1408,
-    "gpt_oss": 1408,
-    "mistral": 1120,
+    "gemma2": 1632,
+    "gemma3": 1632,
+    "gpt_oss": 1632,
+    "mistral": 1376,
     "llama4": 2560,
-    "lfm2": 0,
+    "lfm2": 1376,
 }
-"""Tokens of the soak's 24 prompts served by kvtier (deterministic: every load and store
-of a step completes in order; the baseline's GPU cache serves 128 of them, within the
-batches)."""
+"""Cached tokens of the soak's 24 prompts with kvtier: vLLM's GPU cache (within a
+batch of four) and kvtier (across batches). Exact: one prompt at a time (see the module
+doc)."""
+
+SOAK_GPU_HITS = {arch: 128 for arch in GROUPS} | {"llama4": 608}
+"""Cached tokens of the soak's prompts without the connector: vLLM's GPU cache within
+a batch (Llama 4's chunks let it serve more of a shared prefix: no window ends it)."""
+
+SHORT_STATE = {"lfm2"}
+"""Models whose misaligned state moves the log-probabilities but may keep the tokens:
+LFM2's state is a short convolution's (kernel 3), which reaches only the next two
+positions; from another position it moved them by 0.03, 300 times
+``LOGPROB_TOLERANCE``, with the same tokens. The log-probability check sees it."""
 
 LOGPROB_TOLERANCE = 1e-4
 """Log-probabilities of equal tokens agree to 2.4e-6 between the engines (the hit splits
@@ -153,7 +167,7 @@ def steps() -> list[dict[str, Any]]:
     ]
     prompts = soak_prompts()
     for i in range(0, len(prompts), SOAK_BATCH):
-        out += [{"reset": True}, {"generate": prompts[i : i + SOAK_BATCH]}]
+        out += [{"reset": True}, *({"generate": [p]} for p in prompts[i : i + SOAK_BATCH])]
     return out
 
 
@@ -287,6 +301,7 @@ def test_every_token_equals_the_engine_without_the_connector(
     assert tokens(tiered) == tokens(reference)
     # The baseline's GPU cache was emptied before each of them: only kvtier served.
     assert cached(reference)[1:4] == [0, 0, 0]
+    assert sum(cached(reference)[4:]) == SOAK_GPU_HITS[arch]
     assert cached(tiered)[:4] == [0, A_HIT[arch], 224, C_HIT[arch]]
     assert sum(cached(tiered)[4:]) == SOAK_HITS[arch]
 
@@ -320,11 +335,16 @@ def test_every_group_is_loaded_from_the_disk_tier_in_a_new_engine(
 def test_every_group_is_loaded_from_redis_in_a_second_engine(
     runs: dict[str, Any], arch: str
 ) -> None:
+    """Every loaded block was promoted from Redis, and none but ``A``'s. Which further
+    blocks of a windowed group are promoted depends on when Redis's existence check
+    answers (vLLM's lookups go on meanwhile: Mistral promoted 2 and 3 in two runs), so
+    not an exact count; from disk it is (``PROMOTED``)."""
     out = {**engine(runs, arch, "redis"), "arch": arch}
     assert tokens(out) == tokens(engine(runs, arch, "baseline"))[:1]
     assert cached(out) == [A_HIT[arch]]
     assert loaded_blocks(out) == A_BLOCKS[arch]
-    assert out["counters"]["vllm:kv_offload_kvtier_promotions{tier=redis}"] == PROMOTED[arch]
+    promoted = out["counters"]["vllm:kv_offload_kvtier_promotions{tier=redis}"]
+    assert sum(A_BLOCKS[arch]) <= promoted <= len(A) // BLOCK * len(GROUPS[arch])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -336,7 +356,8 @@ def test_a_misaligned_group_changes_the_tokens(runs: dict[str, Any], arch: str) 
     reference = tokens(engine(runs, arch, "baseline"))[0]
     assert cached(out)[2] == A_HIT[arch]
     assert tokens(out)[1] == reference  # computed
-    assert tokens(out)[2] != reference  # loaded, one group misaligned
+    if arch not in SHORT_STATE:
+        assert tokens(out)[2] != reference  # loaded, one group misaligned
     logprobs = engine(runs, arch, "baseline")["outputs"][0]["logprobs"]
     moved = max(abs(a - b) for a, b in zip(logprobs, out["outputs"][2]["logprobs"], strict=True))
     assert moved > 100 * LOGPROB_TOLERANCE
