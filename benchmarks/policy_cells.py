@@ -4,9 +4,9 @@ Replays the 13 replayable workloads -- the shipped synthetic trace and ``--gener
 seeds 1, 2, 3 of the shapes mixed, chat, documents and agents -- at 1, 5, 10, 25 and
 50 % of each one's distinct blocks, through the real manager (``kvtier.sim.replay``),
 for ``lru``, ``arc`` and the candidate policies (default: the engine's default,
-``leader``), and prints one row per workload: the candidate's hit blocks minus
-max(LRU, ARC)'s, per capacity (>= 0 wins the cell). Hit blocks are exact integers, so
-a tie is a tie. Run from the repository root::
+``OffloadingConfig.eviction_policy``), and prints one row per workload: the candidate's
+hit blocks minus max(LRU, ARC)'s, per capacity (>= 0 wins the cell). Hit blocks are
+exact integers, so a tie is a tie. Run from the repository root::
 
     PYTHONPATH=src nice python benchmarks/policy_cells.py --jobs 2 \
         --out benchmarks/results/policy_cells.json
@@ -29,7 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvtier.bench.report import git_commit, machine_info
-from kvtier.sim.cli import DEFAULT_TRACE, ENGINE_DEFAULT_POLICY
+from kvtier.config import DEFAULT_EVICTION_POLICY
+from kvtier.sim.cli import DEFAULT_TRACE
 from kvtier.sim.replay import replay
 from kvtier.sim.trace import Trace, read_mooncake
 from kvtier.sim.workload import WorkloadConfig, generate, shaped
@@ -77,7 +78,7 @@ def _run(job: tuple[str, tuple[str, ...], int]) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--policy", action="append", help=f"candidate (default: {ENGINE_DEFAULT_POLICY})"
+        "--policy", action="append", help=f"candidate (default: {DEFAULT_EVICTION_POLICY})"
     )
     parser.add_argument("--quick", action="store_true", help="seed 1 only (5 workloads)")
     parser.add_argument("--seeds", default="1,2,3", help="generated seeds (default 1,2,3)")
@@ -85,7 +86,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    candidates = tuple(args.policy or [ENGINE_DEFAULT_POLICY])
+    candidates = tuple(args.policy or [DEFAULT_EVICTION_POLICY])
     policies = ("lru", "arc", *candidates)
     start = time.perf_counter()
     seeds = (1,) if args.quick else tuple(int(seed) for seed in args.seeds.split(","))

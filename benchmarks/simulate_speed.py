@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from kvtier.bench.report import git_commit, machine_info
-from kvtier.sim.cli import DEFAULT_TRACE, ENGINE_DEFAULT_POLICY
+from kvtier.config import DEFAULT_EVICTION_POLICY
+from kvtier.sim.cli import DEFAULT_TRACE
 from kvtier.sim.replay import replay
 from kvtier.sim.trace import read_mooncake
 
@@ -35,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     trace = read_mooncake(args.trace)
     shares = (0.01, 0.05, 0.10, 0.25, 0.50)
-    policies = tuple(args.policy or dict.fromkeys(("lru", "arc", "slru", ENGINE_DEFAULT_POLICY)))
+    policies = tuple(args.policy or dict.fromkeys(("lru", "arc", "slru", DEFAULT_EVICTION_POLICY)))
     replay(trace, round(0.05 * trace.num_distinct_blocks), "lru")  # warm-up
     rows = []
     for policy in policies:

@@ -13,7 +13,7 @@ from kvtier.errors import ConfigError
 def test_defaults_and_sizes() -> None:
     cfg = OffloadingConfig.from_dict({"cpu_bytes_to_use": "1GiB"})
     assert cfg.cpu_bytes_to_use == 2**30
-    assert (cfg.block_size, cfg.eviction_policy, cfg.hash_algorithm) == (16, "leader", "sha256")
+    assert (cfg.block_size, cfg.eviction_policy, cfg.hash_algorithm) == (16, "lru", "sha256")
     assert parse_bytes("x", "512 MB") == 512 * 10**6
     assert parse_bytes("x", "1.5KiB") == 1536
     assert parse_bytes("x", 4096) == 4096

@@ -12,7 +12,7 @@ Keys (see ``docs/configuration.md``):
                           (required)
 ``block_size``            tokens per offloaded block (a multiple of the engine's
                           GPU block size; default 16)
-``eviction_policy``       a registered policy name (default ``"leader"``)
+``eviction_policy``       a registered policy name (default ``"lru"``)
 ``store_threshold``       store a block only after N lookups (0 = store all)
 ``enable_events``         record stored/removed events (default true)
 ``hash_algorithm``        block key digest: ``"sha256"`` (default) or ``"blake2b"``
@@ -41,6 +41,8 @@ Keys (see ``docs/configuration.md``):
 ``remote_tls_key_file``   its private key, if not in the certificate file
 ``remote_index_blocks``   remote blocks this engine remembers (default 1,000,000)
 ``remote_backoff_s``      first wait after a failure before retrying (default 0.5)
+``encryption_key_file``   a file of 32-byte keys: disk and remote blocks are sealed
+                          with AES-256-GCM (``docs/security.md``; default: none)
 ========================  =========================================================
 """
 
@@ -54,11 +56,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvtier.errors import ConfigError
+from kvtier.key_file import read_key_file
 from kvtier.keys import HASH_ALGORITHMS
 from kvtier.scheduler.policies import POLICIES
 from kvtier.sizes import format_bytes, parse_bytes
 
+DEFAULT_EVICTION_POLICY = "lru"
+"""The CPU tier's policy when ``eviction_policy`` is not given, in every engine (the
+reference engine, vLLM's spec, ``kvtier run``) and in ``kvtier simulate``: the policy
+within 1.5x LRU's scheduler cost that reaches max(LRU, ARC) in the most replayed cells
+(``docs/simulate.md``, "The default")."""
+
 __all__ = [
+    "DEFAULT_EVICTION_POLICY",
     "STORE_POLICIES",
     "OffloadingConfig",
     "check_known",
@@ -190,13 +200,33 @@ def _remote_keys(raw: Mapping[str, Any], get: Callable[[str], object]) -> dict[s
     }
 
 
+def _key_file(raw: Mapping[str, Any]) -> dict[str, Any]:
+    path = raw.get("encryption_key_file")
+    if path is None:
+        return {}
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise ConfigError("encryption_key_file", f"must be a file path, got {path!r}")
+    if raw.get("disk_path") is None and raw.get("remote_url") is None:
+        raise ConfigError(
+            "encryption_key_file",
+            "is set but neither disk_path nor remote_url is: only the disk and remote "
+            "tiers are sealed",
+        )
+    read_key_file(path)  # it must hold valid keys now, not when a tier opens
+    return {"encryption_key_file": os.fspath(path)}
+
+
+SHARED_TIER_KEYS = ("encryption_key_file",)
+"""Keys every secondary tier takes besides its own prefix's (``for_tier``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class OffloadingConfig:
     """The validated offloading configuration. Build it with ``from_dict``."""
 
     cpu_bytes_to_use: int
     block_size: int = 16
-    eviction_policy: str = "leader"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
     store_threshold: int = 0
     enable_events: bool = True
     hash_algorithm: str = "sha256"
@@ -219,6 +249,7 @@ class OffloadingConfig:
     remote_tls_key_file: str | None = None
     remote_index_blocks: int = 1_000_000
     remote_backoff_s: float = 0.5
+    encryption_key_file: str | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> OffloadingConfig:
@@ -251,19 +282,20 @@ class OffloadingConfig:
             max_pending_writes=positive_int("max_pending_writes", get("max_pending_writes")),
             **_disk_keys(raw, get),
             **_remote_keys(raw, get),
+            **_key_file(raw),
         )
 
     @classmethod
     def for_tier(cls, tier: str, prefix: str, raw: Mapping[str, Any]) -> OffloadingConfig:
         """Validate the keys of one secondary tier on its own (``disk_*`` or ``remote_*``,
-        under another engine's CPU tier): only keys with ``prefix`` are allowed.
+        under another engine's CPU tier): only keys with ``prefix`` are allowed, and
+        ``SHARED_TIER_KEYS`` (``encryption_key_file``).
 
         Raises:
             ConfigError: a key is unknown for ``tier`` or invalid (named).
         """
-        check_known(
-            raw, sorted(f.name for f in fields(cls) if f.name.startswith(prefix)), f"of {tier}"
-        )
+        known = [f.name for f in fields(cls) if f.name.startswith(prefix)]
+        check_known(raw, sorted([*known, *SHARED_TIER_KEYS]), f"of {tier}")
         return cls.from_dict({"cpu_bytes_to_use": 1, **raw})
 
     def num_cpu_blocks(self, bytes_per_block: int) -> int:

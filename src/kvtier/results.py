@@ -136,6 +136,7 @@ def write_result(
     results: Any,
     path: Path | None = None,
     machine: dict[str, Any] | None = None,
+    commit: str | None = None,
 ) -> Path:
     """Write one command's results with time, commit, machine and configuration.
 
@@ -145,6 +146,8 @@ def write_result(
         results: the figures (JSON-serialisable).
         path: where; ``None``: a fresh ``default_path(command)``.
         machine: the machine description (default: ``machine_info()``).
+        commit: the code the figures came from, read when the run started (default:
+            ``git_commit()`` now; a long run should pass what it read at its start).
 
     Raises:
         FileExistsError: ``path`` exists (results are never overwritten).
@@ -154,7 +157,7 @@ def write_result(
     doc = {
         "benchmark": command,
         "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git_commit(),
+        "commit": commit or git_commit(),
         "machine": machine or machine_info(),
         "config": config,
         "results": results,

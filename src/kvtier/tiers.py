@@ -15,6 +15,8 @@ tiering -- so a tier is sized, opened, indexed and connected the same way everyw
   index of what this engine knows the shared store holds (the server's own maxmemory
   policy owns the real capacity, so the index is LRU over ``remote_index_blocks``).
 * ``cpu_tier`` is the primary tier; ``tiering`` composes it with the secondaries.
+* ``encryption_keys`` reads ``encryption_key_file``: with it, ``open_disk`` and
+  ``open_remote`` open stores that seal every block (``kvtier.media.sealing``).
 
 Checks that depend on the engine (a size against this machine's memory, a budget that
 holds no block of this model) raise ``ConfigError`` naming the key; the keys
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 from kvtier.blocks import BlockHash, Medium
 from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
+from kvtier.key_file import EncryptionKey, read_key_file
 from kvtier.machine import check_disk, check_memory
 from kvtier.scheduler import CPUOffloadingManager, TierManager, make_policy
 from kvtier.scheduler.tiering import SharedStore, TieredManager
@@ -108,11 +111,25 @@ def disk_blocks(config: OffloadingConfig, payload_bytes: int, *, stores: int = 1
     return n
 
 
+def encryption_keys(config: OffloadingConfig) -> tuple[EncryptionKey, ...]:
+    """The keys of ``encryption_key_file`` (read again: a tier opens with the file as it
+    is then), or none.
+
+    Raises:
+        ConfigError: the file no longer holds valid keys.
+    """
+    if config.encryption_key_file is None:
+        return ()
+    return read_key_file(config.encryption_key_file)
+
+
 def open_disk(config: OffloadingConfig, fingerprint: bytes, *, stores: int = 1) -> DiskStore:
-    """Open (and lock) the disk store of ``fingerprint`` with its share of the budget."""
+    """Open (and lock) the disk store of ``fingerprint`` with its share of the budget,
+    sealing its blocks with ``encryption_key_file``'s keys if it is set."""
     from kvtier.media.disk import DiskStore
 
     assert config.disk_path is not None and config.disk_bytes_to_use is not None
+    keys = encryption_keys(config)
     Path(config.disk_path).mkdir(parents=True, exist_ok=True, mode=0o700)
     return DiskStore.open(
         config.disk_path,
@@ -120,6 +137,7 @@ def open_disk(config: OffloadingConfig, fingerprint: bytes, *, stores: int = 1) 
         config.disk_bytes_to_use // stores,
         fsync=config.disk_fsync,
         direct_io=config.disk_direct_io,
+        keys=keys,
     )
 
 
@@ -160,11 +178,14 @@ def disk_tier(
 
 
 def open_remote(config: OffloadingConfig, fingerprint: bytes) -> RemoteStore:
-    """The Redis tier's client for blocks of ``fingerprint`` (it contacts nothing yet)."""
+    """The Redis tier's client for blocks of ``fingerprint``, after one contact with the
+    server (``RemoteStore.open``), sealing its values with ``encryption_key_file``'s
+    keys if it is set."""
     from kvtier.media.remote import RemoteStore
     from kvtier.media.remote_options import RemoteOptions
 
-    return RemoteStore.open(fingerprint, RemoteOptions.from_config(config))
+    keys = encryption_keys(config)
+    return RemoteStore.open(fingerprint, RemoteOptions.from_config(config), keys=keys)
 
 
 def remote_tier(config: OffloadingConfig, *, block_size: int, enable_events: bool) -> TierManager:

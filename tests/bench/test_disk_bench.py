@@ -4,6 +4,7 @@ stores as a full cache does."""
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 from pathlib import Path
@@ -14,10 +15,13 @@ import torch
 
 from kvtier.bench.disk import _Pass, evict_own_files
 from kvtier.blocks import BlockHash
+from kvtier.cli import main
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import block_file_size
 from kvtier.worker.cpu_disk import CpuDiskOffloadingHandlers
+
+from .rounded import assert_sealed_rows
 
 PAGE = mmap.PAGESIZE
 
@@ -73,3 +77,22 @@ def test_store_passes_evict_the_last_pass_through_the_job_and_reuse_its_slots(
     assert len(segments) == 1
     handlers.shutdown()
     store.close()
+
+
+def test_bench_disk_writes_its_json_with_sealed_beside_plain(tmp_path: Path) -> None:
+    out = tmp_path / "disk.json"
+    args = ["bench", "disk", "--dir", str(tmp_path), "--sizes", "64KiB", "--total", "1MiB"]
+    args += ["--repeats", "3", "--sealed-sizes", "64KiB", "--json", str(out)]
+    assert main(args) == 0
+    doc = json.loads(out.read_text())
+    sealed = [r for r in doc["results"] if r.get("compare") == "sealed/plain"]
+    assert [(r["op"], r["mode"]) for r in doc["results"] if r not in sealed] == [
+        ("store", "direct"),
+        ("load", "direct"),
+        ("store", "direct+sync"),
+        ("store", "buffered+sync"),
+        ("load", "buffered"),
+    ]
+    assert doc["config"]["sealed_sizes"] == [65536]
+    assert_sealed_rows(sealed, 65536, repeats=3)
+    assert [p.name for p in tmp_path.iterdir()] == ["disk.json"]  # its directory removed

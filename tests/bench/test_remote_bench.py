@@ -16,6 +16,7 @@ from kvtier.config import OffloadingConfig
 from kvtier.errors import ConfigError
 
 from ..redis_server import RedisServer, require_redis
+from .rounded import assert_rounded_quotient, assert_sealed_rows
 
 
 def test_bench_remote_writes_its_json(tmp_path: Path) -> None:
@@ -23,8 +24,12 @@ def test_bench_remote_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "remote.json"
     args = ["bench", "remote", "--sizes", "64KiB", "--total", "1MiB", "--repeats", "3"]
     args += ["--seconds", "0.02", "--job-blocks", "4", "--io-threads", "2", "--json", str(out)]
-    assert main(args) == 0
+    assert main([*args, "--sealed-sizes", "64KiB"]) == 0
     doc = json.loads(out.read_text())
+    sealed = [r for r in doc["results"] if r.get("compare") == "sealed/plain"]
+    doc["results"] = [r for r in doc["results"] if r not in sealed]
+    assert doc["config"]["sealed_sizes"] == [65536]
+    assert_sealed_rows(sealed, 65536, repeats=3)
     assert doc["benchmark"] == "remote"
     assert doc["config"]["seconds_per_pass"] == 0.02
     assert len(doc["config"]["load_average_before"]) == 3
@@ -54,18 +59,6 @@ def test_bench_remote_writes_its_json(tmp_path: Path) -> None:
         assert_rounded_quotient(
             r["ratio_one_key"], r["kvtier_gbps"], r["redis_benchmark_one_key_gbps"]
         )
-
-
-HALF = 0.0005  # every figure in the JSON is rounded to 3 decimals
-
-
-def assert_rounded_quotient(got: float, top: float, bottom: float, top_error: int = 1) -> None:
-    """``got`` is round(a / b, 3) for some a within ``top_error`` half-units of ``top``
-    and some b within one of ``bottom``: the exact interval, so a wrong formula fails while
-    the rounding of the JSON's own inputs never does."""
-    lo = max(0.0, top - top_error * HALF) / (bottom + HALF)
-    hi = (top + top_error * HALF) / (bottom - HALF)
-    assert lo - HALF - 1e-12 <= got <= hi + HALF + 1e-12, (got, lo, hi)
 
 
 def test_rounds_make_the_fastest_pass_last_the_time_asked() -> None:

@@ -24,9 +24,10 @@ def test_a_short_serving_run_answers_alike_and_stores_through_kvtier(tmp_path: P
 
     build_model(tmp_path / "model")
     out = tmp_path / "bench.json"
+    servers = tmp_path / "servers"  # made by the benchmark; left empty
     argv = ["bench", "vllm", "--configs", "cpu", "--conversations", "3", "--turns", "2"]
     argv += ["--user-tokens", "64", "--answer-tokens", "4", "--gpu-blocks", "6", "--rate", "4"]
-    argv += ["--model", str(tmp_path / "model"), "--workdir", str(tmp_path), "--json", str(out)]
+    argv += ["--model", str(tmp_path / "model"), "--workdir", str(servers), "--json", str(out)]
     assert cli.main(argv) == 0
     doc = json.loads(out.read_text())
     assert doc["benchmark"] == "vllm" and doc["config"]["configs"] == ["none", "cpu"]
@@ -37,4 +38,5 @@ def test_a_short_serving_run_answers_alike_and_stores_through_kvtier(tmp_path: P
     assert none["kv_offload_store_bytes"] == 0
     stored = cpu["kv_offload_store_bytes"]
     assert stored > 0 and stored % PAGE_BYTES == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "model"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "model", "servers"]
+    assert list(servers.iterdir()) == []

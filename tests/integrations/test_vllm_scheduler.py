@@ -142,6 +142,8 @@ def test_a_job_completes_only_when_both_ranks_report(harness_factory: Any) -> No
 def test_disk_tier_promotes_before_vllm_hears_a_hit(harness_factory: Any, tmp_path: Path) -> None:
     """A CPU tier of 8 blocks in front of a disk tier: prefixes come back from disk
     through HIT_PENDING (promotion off the scheduler thread), with right bytes."""
+    from tests.integrations.vllm_harness import PAGE
+
     h = harness_factory(
         {
             "cpu_bytes_to_use": 8 * 2 * 16384,
@@ -163,13 +165,42 @@ def test_disk_tier_promotes_before_vllm_hears_a_hit(harness_factory: Any, tmp_pa
     assert sample(TIER_HITS, tier="disk") == tiering.promotions  # every one delivered
     for result in ("hit", "pending", "miss"):
         assert sample(LOOKUPS, result=result) == m.metrics.total(LOOKUPS, (result,)) > 0
-    assert sample(TIER_HITS, tier="cpu") == m.metrics.total(LOOKUPS, ("hit",))
+    loaded = sample("vllm:kv_offload_load_bytes") / (PAGE * len(h.ranks))  # vLLM's own count
+    assert sample(TIER_HITS, tier="cpu") == loaded > 0
     assert sample(BLOCKS, tier="cpu") == len(m.cpu) > 0
     assert sample(BLOCKS, tier="disk") == len(m.tiered.secondaries[0]) > 0
     # Each rank wrote its own shard files, named by the rank and world size.
     from kvtier.media.disk_layout import LAYOUT
 
     assert len(list((tmp_path / "disk" / LAYOUT).iterdir())) == 2
+
+
+def test_a_request_larger_than_the_cpu_tier_loads_what_the_tier_holds(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """A conversation of 16 blocks on disk behind a CPU tier of 6: its first 6 blocks
+    are promoted and loaded, the rest computed. Promoting further would evict the
+    request's own blocks before vLLM loads them, round after round while it waits (a
+    promotion storm, no block ever loaded); the bytes stay right."""
+    from tests.integrations.vllm_harness import PAGE
+
+    disk = {"disk_path": str(tmp_path / "disk"), "disk_bytes_to_use": "16MiB"}
+    cpu = {"cpu_bytes_to_use": 6 * 2 * 16384}
+    rng = random.Random(3)
+    chat = [rng.randrange(1, 500) for _ in range(16 * 32)]
+    writer = harness_factory({**cpu, **disk}, num_gpu_blocks=24)
+    for turn in range(8):  # each turn stores its 2 new blocks, which fit the CPU tier
+        writer.add(f"t{turn}", [*chat[: (turn + 1) * 64], 7], max_tokens=2)
+        writer.run()
+    assert len(writer.manager.tiered.secondaries[0]) == 16  # the whole chat on disk
+    writer.shutdown()
+    h = harness_factory({**cpu, **disk}, num_gpu_blocks=24)
+    h.add("again", [*chat, 8], max_tokens=2)
+    h.run()
+    tiering = h.manager.tiered.stats()
+    assert (tiering.promotions, tiering.promotion_failures) == (6, 0)
+    assert prometheus(h)("vllm:kv_offload_load_bytes") == 6 * PAGE * len(h.ranks)
+    assert h.checked_rows == 6 * 32 * len(h.ranks)  # the loaded rows, byte for byte
 
 
 def test_corrupt_disk_blocks_are_recomputed_and_counted(

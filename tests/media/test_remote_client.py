@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from kvtier.media import block_format, remote_values
+from kvtier.media.block_codec import PlainCodec
 from kvtier.media.resp import BlockValue, ErrorReply, ReplyReader, command, send_buffers
 
 
@@ -311,7 +312,7 @@ def test_loads_keep_at_most_the_window_outstanding_and_ask_each_key_once(
     sock = WindowSocket(values, window, step)
     outs = np.zeros_like(pages)
     batch = list(zip(keys, names, outs, strict=True))
-    got = remote_values.get_into_pages(OneConnection(sock), fingerprint=fp, batch=batch)  # type: ignore[arg-type]
+    got = remote_values.get_into_pages(OneConnection(sock), codec=PlainCodec(fp), batch=batch)  # type: ignore[arg-type]
     assert got == [remote_values.ReadOutcome.HIT] * count
     assert sock.asked == names and sock.sent == len(sock.out)
     assert np.array_equal(outs, pages)
@@ -352,7 +353,7 @@ def test_an_empty_batch_of_stores_sends_nothing() -> None:
 
 
 def test_an_empty_batch_of_loads_sends_nothing() -> None:
-    got = remote_values.get_into_pages(NoConnections(), fingerprint=b"\x09" * 32, batch=[])  # type: ignore[arg-type]
+    got = remote_values.get_into_pages(NoConnections(), codec=PlainCodec(b"\x09" * 32), batch=[])  # type: ignore[arg-type]
     assert got == []
 
 

@@ -20,8 +20,9 @@ from .engine_run import scrape
 TINY_ARGS = [
     "--conversations", "3", "--turns", "3", "--system-tokens", "40",
     "--user-tokens", "10-30", "--answer-tokens", "3-6", "--block-size", "4", "--no-progress",
-    # LRU: this little run's CPU tier then sends blocks to disk and loads some back,
-    # so the DISK metrics below are not all zeros (the default ``leader`` keeps them)
+    # LRU (named, though it is the default): this little run's CPU tier then sends
+    # blocks to disk and loads some back, so the DISK metrics below are not all zeros
+    # (``leader`` keeps them in CPU)
     "--eviction-policy", "lru",
 ]  # fmt: skip
 TURNS = 9

@@ -32,7 +32,7 @@ def test_single_run_json(
         assert 0.0 <= doc[key] <= 1.0
     assert doc["block_hit_ratio"] <= doc["belady_block_hit_ratio"] + 1e-12
     assert doc["tiers"][0]["medium"] == "CPU"
-    assert doc["policy"] == "leader"  # the engine's default (OffloadingConfig)
+    assert doc["policy"] == "lru"  # the engine's default (OffloadingConfig)
     text = capsys.readouterr().out
     assert "block hits" in text and "request mean" in text and "belady" in text
 

@@ -13,6 +13,10 @@ kvtier mode is compared with the ``dd`` flags that do the same work::
     load   direct          O_DIRECT                           iflag=direct
     load   buffered        page cache, cold when dropped      (no flag), cold when dropped
 
+Sealing's cost (``--sealed-sizes``, ``kvtier.bench.sealed``): in the same run, direct
+stores and loads (the fastest mode, where sealing is the largest share) through a
+plain store and a store sealed with a random key, alternated.
+
 A buffered store without fsync only measures copies into the page cache, so it is not
 compared. Each store pass stores fresh blocks into a full cache, as an engine's disk
 tier does once it has filled: the store job names, per block, one block of the
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 
 from kvtier import options
+from kvtier.bench import sealed
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.load_store_specs import CPULoadStoreSpec, DiskLoadStoreSpec
 from kvtier.machine import check_disk
@@ -96,6 +101,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--io-threads", type=options.positive, default=4, help="blocks in flight per direction"
     )
     parser.add_argument("--job-blocks", type=options.positive, default=16, help="blocks per job")
+    parser.add_argument(
+        "--sealed-sizes",
+        type=options.size_list,
+        default=sealed.DEFAULT_SIZES,
+        help="block sizes whose direct stores and loads also run sealed (AES-256-GCM) "
+        "beside plain ones",
+    )
     add_json_option(parser, "disk")
     parser.epilog = (
         "Cold loads: before each, the benchmark evicts only its own files from the page "
@@ -285,6 +297,72 @@ def _measure_mode(s: _Setup, mode: str) -> list[dict[str, Any]]:
     return rows
 
 
+def measure_sealed(
+    root: Path, block: int, total: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Direct stores and loads of one block size, plain and sealed, side by side."""
+    count = max(1, total // block)
+    pages = torch.frombuffer(aligned_empty(count * block), dtype=torch.uint8).view(count, block)
+    pages.copy_(
+        torch.from_numpy(np.random.default_rng(1).integers(0, 256, (count, block), dtype=np.uint8))
+    )
+    capacity = 2 * count * block_file_size(block)
+    variants = {}
+    for name, keys in (("plain", ()), ("sealed", sealed.bench_keys())):
+        store = DiskStore.open(
+            root / name, b"\x5e" * 32, capacity, fsync=False, direct_io=True, keys=keys
+        )
+        handlers = CpuDiskOffloadingHandlers(pages, store, io_threads=args.io_threads)
+        variants[name] = (store, handlers, _Keys(count))
+    generation = itertools.count()
+
+    def fresh(is_sealed: bool) -> None:
+        variants["sealed" if is_sealed else "plain"][2].fresh(next(generation))
+
+    def run(name: str, store: bool) -> Callable[[], None]:
+        _, handlers, keys = variants[name]
+        handler = handlers.cpu_to_disk_handler if store else handlers.disk_to_cpu_handler
+        p = _Pass(handler, count, args.job_blocks)
+        return lambda: p.run(keys.current, store=store, evicted=keys.evicted if store else ())
+
+    rows = [
+        sealed.side_by_side(
+            sealed.Passes(
+                op,
+                block,
+                count * block,
+                run("plain", op == "store"),
+                run("sealed", op == "store"),
+                setup,
+            ),
+            args.repeats,
+        )
+        for op, setup in (("store", fresh), ("load", lambda is_sealed: None))
+    ]
+    for store, handlers, names in variants.values():
+        handlers.shutdown()
+        for k in names.current:
+            store.delete(k)
+        store.close()
+    return rows
+
+
+class _Keys:
+    """The block keys of one store's latest pass, and those of the pass before it
+    (which the next pass evicts, as a full cache does)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.current: list[BlockHash] = []
+        self.evicted: list[BlockHash] = []
+
+    def fresh(self, generation: int) -> None:
+        self.evicted = self.current
+        self.current = [
+            BlockHash(f"{generation}/{i}".encode().ljust(32, b".")) for i in range(self.count)
+        ]
+
+
 def _row(
     op: str, mode: str, s: _Setup, t_kv: float, t_dd: float, flags: list[str]
 ) -> dict[str, Any]:
@@ -312,7 +390,8 @@ def main(args: argparse.Namespace) -> int:
     sizes, total = args.sizes, args.total
     where = options.writable_directory("--dir", args.dir or Path.cwd(), create=False)
     # kvtier's files (up to twice the bytes of a pass) and dd's file, at once.
-    check_disk("--total", where, 3 * total + max(sizes))
+    # and the sealed side by side: two stores of up to twice a pass each
+    check_disk("--total", where, 3 * total + max(sizes) + (4 * total if args.sealed_sizes else 0))
     out = check_output("--json", args.json or default_path("disk"))
     root = Path(tempfile.mkdtemp(prefix=".kvtier-bench-disk-", dir=where))
     can_drop = evict_own_files(root)
@@ -322,6 +401,7 @@ def main(args: argparse.Namespace) -> int:
             for s in sizes
             for r in measure_size(root, s, total, args.repeats, args.io_threads, args.job_blocks)
         ]
+        sealed_rows = [r for s in args.sealed_sizes for r in measure_sealed(root, s, total, args)]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print(f"{'op':6} {'mode':14} {'block':>8} {'kvtier GB/s':>12} {'dd GB/s':>8} {'ratio':>6}  dd")
@@ -331,6 +411,7 @@ def main(args: argparse.Namespace) -> int:
             f"{r['kvtier_gbps']:>12.3f} {r['dd_gbps']:>8.3f} {r['ratio_to_dd']:>6.2f}  "
             f"{r['dd_flags']}"
         )
+    sealed.print_rows(sealed_rows)
     config = {
         "dir": str(args.dir or Path.cwd()),
         "sizes": sizes,
@@ -338,15 +419,16 @@ def main(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "io_threads": args.io_threads,
         "job_blocks": args.job_blocks,
+        "sealed_sizes": args.sealed_sizes,
         "page_cache_evicted": "own files, posix_fadvise DONTNEED" if can_drop else "no",
         "dd_source": "/dev/zero",
     }
     config["checksum"] = checksum_vs_copy(sizes)
-    path = write_result("disk", config, rows, out)
+    path = write_result("disk", config, rows + sealed_rows, out)
     worst = min(rows, key=lambda r: r["ratio_to_dd"])
     print(
         f"disk: worst ratio to dd {worst['ratio_to_dd']:.2f} ({worst['op']} {worst['mode']} "
-        f"{worst['block_bytes'] // 1024} KiB); own files evicted from the page cache: "
-        f"{can_drop}; wrote {path}"
+        f"{worst['block_bytes'] // 1024} KiB); {sealed.summary(sealed_rows)}; own files "
+        f"evicted from the page cache: {can_drop}; wrote {path}"
     )
     return 0

@@ -46,6 +46,10 @@ What the ratio holds: redis-benchmark sends the same constant bytes and discards
 it reads. kvtier also checksums every value (XXH3-64), adds its ~104-byte header, and
 on load verifies the value in its CPU page: the ratio is the whole cost of the design.
 
+Sealing's cost (``--sealed-sizes``, ``kvtier.bench.sealed``): in the same run, stores
+and loads through a plain store and a store sealed with a random key, alternated, each
+pass over the keyspace as many times as makes a plain store pass last ``--seconds``.
+
 ``redis-benchmark -d`` accepts values up to 1 GiB (it clamps larger ones), so every
 size here is compared as it is. Unless ``--url`` names a server, the benchmark starts
 its own ``redis-server`` on a free loopback port with no persistence and a
@@ -60,6 +64,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import io
 import math
 import os
@@ -78,6 +83,7 @@ import redis
 import torch
 
 from kvtier import options
+from kvtier.bench import sealed
 from kvtier.bench.disk import checksum_vs_copy
 from kvtier.blocks import BlockHash, BlockId
 from kvtier.config import OffloadingConfig
@@ -130,6 +136,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--job-blocks", type=options.positive, default=8, help="values per job (pipeline depth)"
+    )
+    parser.add_argument(
+        "--sealed-sizes",
+        type=options.size_list,
+        default=sealed.DEFAULT_SIZES,
+        help="value sizes whose stores and loads also run sealed (AES-256-GCM) beside plain ones",
     )
     add_json_option(parser, "remote")
 
@@ -384,6 +396,43 @@ def measure_size(url: str, size: int, total: int, args: argparse.Namespace) -> l
     return [{**row, "server_evicted_keys": evicted} for row in (stored, loaded)]
 
 
+def measure_sealed(url: str, size: int, total: int, args: Any) -> list[dict[str, Any]]:
+    """Stores and loads of one value size, plain and sealed, side by side."""
+    count = keyspace_values(size, total, args)
+    rng = np.random.default_rng(size + 1)
+    pages = torch.from_numpy(rng.integers(0, 256, (count, size), dtype=np.uint8))
+    options = RemoteOptions(url=url, max_connections=2 * args.io_threads + 2, timeout_s=30.0)
+    keys = [BlockHash(i.to_bytes(32, "big")) for i in range(count)]
+    stores = [RemoteStore.open(bytes([0x5E, n]) * 16, options, keys=k)
+              for n, k in enumerate(((), sealed.bench_keys()))]  # fmt: skip
+    pairs = [CpuRemoteOffloadingHandlers(pages, s, io_threads=args.io_threads) for s in stores]
+    store_passes = [_Pass(h.cpu_to_remote_handler, keys, args.job_blocks) for h in pairs]
+    load_passes = [_Pass(h.remote_to_cpu_handler, keys, args.job_blocks) for h in pairs]
+    try:
+        seconds = timed(lambda: store_passes[0].run(True))  # untimed calibration
+        rounds = rounds_for(args.seconds, count * size, [count * size / seconds])
+        rows = [
+            sealed.side_by_side(
+                sealed.Passes(
+                    op,
+                    size,
+                    rounds * count * size,
+                    functools.partial(ps[0].run, op == "store", rounds),
+                    functools.partial(ps[1].run, op == "store", rounds),
+                ),
+                args.repeats,
+            )
+            for op, ps in (("store", store_passes), ("load", load_passes))
+        ]
+    finally:
+        for handlers in pairs:
+            handlers.shutdown()
+    for store in stores:
+        store.delete_many(keys)
+        store.close()
+    return [{**r, "values": count, "rounds": rounds} for r in rows]
+
+
 def main(args: argparse.Namespace) -> int:
     """Measure, print a table and one summary line, write the JSON.
 
@@ -402,6 +451,7 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(local_server(server_memory(sizes, total, args)))
         rows = [r for s in sizes for r in measure_size(url, s, total, args)]
+        sealed_rows = [r for s in args.sealed_sizes for r in measure_sealed(url, s, total, args)]
     load_after = os.getloadavg()
     print(
         f"{'op':6} {'value':>8} {'kvtier':>8} {'rb -P N':>8} {'rb -P 1':>8} {'ratio':>6}"
@@ -415,6 +465,7 @@ def main(args: argparse.Namespace) -> int:
             f"{r['ratio']:>6.2f} {min(r['ratio_runs']):>5.2f}-{max(r['ratio_runs']):<5.2f} "
             f"{r['redis_benchmark_one_key_gbps']:>9.3f} {r['ratio_one_key']:>6.2f}"
         )
+    sealed.print_rows(sealed_rows)
     config = {
         "url": redacted_url(args.url)
         if args.url
@@ -426,16 +477,17 @@ def main(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "io_threads": args.io_threads,
         "job_blocks": args.job_blocks,
+        "sealed_sizes": args.sealed_sizes,
         "load_average_before": load_before,
         "load_average_after": load_after,
         "checksum": checksum_vs_copy(sizes),
     }
-    path = write_result("remote", config, rows, out)
+    path = write_result("remote", config, rows + sealed_rows, out)
     worst = min(rows, key=lambda r: r["ratio"])
     print(
         f"remote: worst ratio to redis-benchmark {worst['ratio']:.2f} ({worst['op']} "
-        f"{worst['value_bytes'] // 1024} KiB); load average {load_before[0]:.2f} -> "
-        f"{load_after[0]:.2f}; wrote {path}"
+        f"{worst['value_bytes'] // 1024} KiB); {sealed.summary(sealed_rows)}; load average "
+        f"{load_before[0]:.2f} -> {load_after[0]:.2f}; wrote {path}"
     )
     return 0
 

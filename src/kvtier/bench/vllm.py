@@ -10,7 +10,7 @@ completions API through all of them::
     connector  vLLM's OffloadingConnector with a spec that keeps nothing
                (``null_spec``): what the connector costs before any offloading
     cpu        kvtier's CPU tier
-    cpu+disk   a CPU tier too small for the conversations, a disk tier behind it
+    cpu+disk   a CPU tier of about one conversation, a disk tier behind it
     redis      two servers sharing a Redis tier (and a CPU tier each); the turns of
                a conversation alternate between them, as behind a load balancer
 
@@ -44,7 +44,13 @@ from typing import Any
 from kvtier import options
 from kvtier.bench.vllm_server import ServerConfig, VllmServer
 from kvtier.errors import ConfigError
-from kvtier.results import add_json_option, check_output, default_path, write_result
+from kvtier.results import (
+    add_json_option,
+    check_output,
+    default_path,
+    git_commit,
+    write_result,
+)
 
 CONFIGS = ("none", "connector", "cpu", "cpu+disk", "redis")
 BLOCK = 32  # tokens per vLLM block (vLLM's CPU backend wants a multiple of 32)
@@ -137,8 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--small-cpu-bytes",
         type=options.size,
-        default="2MiB",
-        help="the CPU tier of cpu+disk (too small for the conversations)",
+        default="8MiB",
+        help="the CPU tier of cpu+disk: about one conversation of the default model, so "
+        "the others come back from disk",
     )
     parser.add_argument(
         "--model", type=Path, default=None, help="a local checkpoint (default: build one)"
@@ -311,7 +318,10 @@ def main(args: argparse.Namespace) -> int:
     if "redis" in configs and shutil.which("redis-server") is None:
         raise ConfigError("--configs", "'redis' needs redis-server on PATH")
     out = check_output("--json", args.json or default_path("vllm"))
+    commit = git_commit()  # the code the servers run: the tree may move during the run
     shape = ModelShape.of_checkpoint(args.model) if args.model else ModelShape()
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="kvtier-bench-vllm-", dir=args.workdir))
     model = args.model or work / "model"
     if args.model is None:
@@ -401,7 +411,7 @@ def main(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "vllm": _vllm_version(),
     }
-    path = write_result("vllm", config, rows, out)
+    path = write_result("vllm", config, rows, out, commit=commit)
     print(
         f"{'config':9} {'TTFT p50':>9} {'p90':>7} {'later p50':>9} {'req/s':>6} "
         f"{'ext hit':>7}  equal"

@@ -29,6 +29,13 @@ Version 1 (CRC-32 from ``zlib``, 32-bit checksum fields) is no longer read: such
 block fails with ``wrong_version``, and every tier treats that as a miss (and deletes
 it), so an upgrade costs recomputes, never wrong bytes.
 
+Version 3 is a *sealed* block (AES-256-GCM, ``sealed_format``), written only by a tier
+with an ``encryption_key_file``. The version decides how a block is read, never a
+guess: a tier with a key opens only version 3, a tier without one only version 2, and
+the other fails with ``undecryptable`` (``stored_version`` reads which it is). A build
+that knows only version 2 rejects a sealed block as ``wrong_version``, so no build ever
+serves ciphertext as KV.
+
 Why XXH3-64: measured on the development VM (one core, 4 MiB buffers) it runs at
 ~30 GB/s, faster than copying the same bytes (~20 GB/s for a cached ``memcpy``), where
 ``zlib.crc32`` ran at 1.2 GB/s: the checksum stopped being a cost next to the copy
@@ -50,6 +57,8 @@ from kvtier.errors import IntegrityError
 
 MAGIC = b"KVTB"
 FORMAT_VERSION = 2
+SEALED_VERSION = 3
+"""The format version of a sealed block (``sealed_format``)."""
 CHECKSUM_XXH3_64 = 2
 MAX_NAME_BYTES = 255
 """Longest key or fingerprint digest a header holds."""
@@ -74,6 +83,10 @@ class Corruption(str, enum.Enum):
     FINGERPRINT_MISMATCH = "fingerprint_mismatch"
     LENGTH_MISMATCH = "length_mismatch"
     CHECKSUM_MISMATCH = "checksum_mismatch"
+    UNDECRYPTABLE = "undecryptable"
+    """A sealed block that does not open with this tier's keys, model and block key
+    (another key, no key, moved, forged or damaged), or a plaintext block where the
+    tier reads only sealed ones."""
 
 
 def corruption(reason: Corruption, detail: str) -> IntegrityError:
@@ -95,6 +108,15 @@ class BlockHeader:
     def size(self) -> int:
         """Encoded length of this header in bytes."""
         return header_size(len(self.key), len(self.fingerprint))
+
+
+def stored_version(data: BytesLike) -> int | None:
+    """The format version a stored header says it is, or ``None`` when ``data`` does
+    not start with a header (too short, another magic). Checks nothing else."""
+    view = memoryview(data).cast("B")
+    if len(view) < 6 or bytes(view[:4]) != MAGIC:
+        return None
+    return int.from_bytes(view[4:6], "little")
 
 
 def header_size(key_length: int, fingerprint_length: int) -> int:

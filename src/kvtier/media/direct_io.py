@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,3 +129,30 @@ def pread_all(fd: int, buffers: Sequence[np.ndarray | bytearray | memoryview], o
         total += n
         _advance(views, n)
     return total
+
+
+class ThreadBuffers:
+    """Aligned scratch buffers, one set per thread (the I/O threads run at once)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def regions(self, n: int, size: int) -> np.ndarray:
+        """``n`` aligned regions of ``size`` bytes of this thread, ``(n, size)``; one
+        ``size`` per instance (the disk store's header region)."""
+        regions = getattr(self._local, "regions", None)
+        if regions is None or regions.shape[0] < n:
+            regions = aligned_empty(max(n, 16) * size).reshape(-1, size)
+            self._local.regions = regions
+        return regions
+
+    def rows(self, n: int, row_bytes: int) -> np.ndarray:
+        """``n`` aligned rows of this thread of at least ``row_bytes`` each (sealing
+        or opening a run's payloads without writing over the pages)."""
+        stride = -(-row_bytes // ALIGNMENT) * ALIGNMENT
+        rows = getattr(self._local, "rows", None)
+        if rows is None or rows.shape[0] < n or rows.shape[1] < stride:
+            count = max(n, rows.shape[0] if rows is not None else 0)
+            rows = aligned_empty(count * stride).reshape(count, stride)
+            self._local.rows = rows
+        return rows

@@ -13,13 +13,18 @@ are read with one ``preadv``, so the kernel sees one sequential stream, as ``dd`
 it. A slot's index record is written after its bytes; every load verifies the slot's
 own header (key, fingerprint, length) and checksum, so a torn write, a stale record or
 a slot reused for another key is a miss, never wrong bytes (``docs/disk.md``). One
-process at a time owns a fingerprint directory (an ``flock`` on its ``lock`` file), so
-the accounting is exact.
+process at a time owns a fingerprint directory (``disk_claim``), so the accounting is
+exact.
+
+With an ``encryption_key_file`` the store's ``BlockCodec`` seals every block it writes
+(``sealing``: AES-256-GCM bound to the block's key and the model) and opens only sealed
+blocks; the slots, records and runs are the same, a slot's payload is then ciphertext
+of the same length. Sealing and opening go through a per-thread buffer of the run,
+so the pages themselves are never written over.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
@@ -30,20 +35,21 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.errors import ConfigError, IntegrityError, TransferError
+from kvtier.key_file import EncryptionKey
 from kvtier.media import block_format
+from kvtier.media.block_codec import BlockCodec, codec_for, sealing_bytes
 from kvtier.media.block_format import BytesLike, Corruption
 from kvtier.media.direct_io import (
-    aligned_empty,
+    ThreadBuffers,
     is_aligned,
     pread_all,
     pwrite_all,
-    supports_direct_io,
 )
+from kvtier.media.disk_claim import claim
 from kvtier.media.disk_files import SegmentFiles, check_free_space
 from kvtier.media.disk_layout import (
     EMPTY_RECORD,
     HEADER_REGION,
-    LOCK_NAME,
     MAX_FINGERPRINT_BYTES,
     MAX_KEY_BYTES,
     Slot,
@@ -51,7 +57,6 @@ from kvtier.media.disk_layout import (
     block_file_size,
     consecutive_runs,
     encode_record,
-    fingerprint_dir,
     segment_path,
     slot_offset,
     slots_per_segment,
@@ -86,19 +91,21 @@ class DiskStore:
             becomes visible.
         direct_io: whether aligned buffers bypass the page cache (``O_DIRECT``).
         recovered: the blocks found at open, least recently used first.
+        codec: how blocks are written and read (sealed with a key, or plaintext).
     """
 
     def __init__(
         self,
         directory: Path,
-        fingerprint: bytes,
+        codec: BlockCodec,
         capacity_bytes: int,
         fsync: bool,
         direct_io: bool,
         lock_fd: int,
     ) -> None:
         self.directory = directory
-        self.fingerprint = fingerprint
+        self.fingerprint = codec.fingerprint
+        self.codec = codec
         self.capacity_bytes = capacity_bytes
         self.fsync = fsync
         self.direct_io = direct_io
@@ -110,7 +117,7 @@ class DiskStore:
         self._last_use: dict[bytes, int] = {}
         self._stale_use: set[bytes] = set()  # loaded since their record was written
         self._files = SegmentFiles(directory)
-        self._local = threading.local()
+        self._buffers = ThreadBuffers()
 
     def _after_fork(self) -> None:
         """In a forked child: a new mutex (a parent's I/O thread may have held the old
@@ -131,6 +138,7 @@ class DiskStore:
         *,
         fsync: bool = False,
         direct_io: bool | None = None,
+        keys: Sequence[EncryptionKey] = (),
     ) -> DiskStore:
         """Open (or create) the store for one model under ``path``.
 
@@ -147,6 +155,8 @@ class DiskStore:
             fsync: ``fdatasync`` each write before it becomes visible (``disk_fsync``).
             direct_io: ``None`` to use ``O_DIRECT`` where the file system supports
                 it, ``True`` to require it, ``False`` for buffered I/O only.
+            keys: the keys of ``encryption_key_file`` (the first seals every block,
+                each opens its own); none: blocks are plaintext (verified).
 
         Raises:
             ConfigError: path not a writable directory, capacity not positive or
@@ -159,31 +169,9 @@ class DiskStore:
             )
         if not 1 <= len(fingerprint) <= MAX_FINGERPRINT_BYTES:
             raise ValueError(f"fingerprint digest must be 1..64 bytes, got {len(fingerprint)}")
-        directory = fingerprint_dir(Path(path), fingerprint)
-        try:
-            for level in (*reversed(directory.parents[:2]), directory):
-                level.mkdir(mode=0o700, parents=True, exist_ok=True)  # new levels: 0700
-            os.chmod(directory, 0o700)
-            has_direct = supports_direct_io(directory)
-            lock_fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as e:
-            raise ConfigError(
-                "disk_path", f"{path} is not a writable directory ({e}); choose another"
-            ) from e
-        if direct_io and not has_direct:
-            os.close(lock_fd)
-            raise ConfigError(
-                "disk_direct_io", f"the file system at {path} does not support O_DIRECT"
-            )
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(lock_fd)
-            raise ConfigError(
-                "disk_path", f"{directory} is in use by another process; give each its own path"
-            ) from e
-        use_direct = has_direct if direct_io is None else direct_io
-        store = cls(directory, fingerprint, capacity_bytes, fsync, use_direct, lock_fd)
+        directory, use_direct, lock_fd = claim(Path(path), fingerprint, direct_io)
+        codec = codec_for(fingerprint, keys)
+        store = cls(directory, codec, capacity_bytes, fsync, use_direct, lock_fd)
         try:
             check_free_space(path, capacity_bytes, held=None)  # before the scan
             store._recover()
@@ -297,16 +285,23 @@ class DiskStore:
         done = False
         try:
             now = time.time_ns()
-            regions = self._regions(len(datas))
+            regions = self._buffers.regions(len(datas), HEADER_REGION)
+            spare = (
+                self._buffers.rows(len(datas), sealing_bytes(datas[0].nbytes))
+                if self.codec.sealed
+                else None
+            )
+            bodies = []
             for i, (k, d) in enumerate(zip(keys, datas, strict=True)):
-                header = block_format.encode_header(k, self.fingerprint, d.data)
+                header, body = self.codec.seal(k, d, None if spare is None else spare[i])
                 regions[i, : len(header)] = np.frombuffer(header, dtype=np.uint8)
                 regions[i, len(header) :] = 0
+                bodies.append(body)
             for run in consecutive_runs(slots):
-                direct = self.direct_io and all(is_aligned(datas[i]) for i in run)
+                direct = self.direct_io and all(is_aligned(bodies[i]) for i in run)
                 buffers: list[np.ndarray] = []
                 for i in run:
-                    buffers += [regions[i], datas[i]]
+                    buffers += [regions[i], bodies[i]]
                 fd = self._files.fd(slots[run[0]], direct)
                 pwrite_all(fd, buffers, slot_offset(slots[run[0]])[1])
                 if self.fsync:
@@ -351,9 +346,9 @@ class DiskStore:
         Runs in the calling thread and blocks on I/O. Blocks in consecutive slots (in
         the order given) are read with one ``preadv`` (``O_DIRECT`` when every page of
         the run is aligned). Every block's header, key, fingerprint, length and
-        checksum are checked. A block that fails has its ``out`` zero-filled, so no
-        wrong bytes are left looking plausible; one that fails verification is
-        deleted.
+        checksum are checked (a sealed block's seal). A block that fails has its
+        ``out`` zero-filled, so no wrong bytes are left looking plausible; one that
+        fails verification (or does not open) is deleted.
 
         Returns:
             The failures, one error per failed block (``IntegrityError`` with its
@@ -378,7 +373,11 @@ class DiskStore:
                 failed.append(self._failed(keys[i], slot, dests[i], err))
             else:
                 todo.append(i)
-        regions = self._regions(len(keys))
+        regions = self._buffers.regions(len(keys), HEADER_REGION)
+        stored = dests  # where payloads land: the pages, or (sealed) this thread's buffer
+        if self.codec.sealed and dests:
+            spare = self._buffers.rows(len(dests), sealing_bytes(max(d.nbytes for d in dests)))
+            stored = [spare[i, : sealing_bytes(d.nbytes)] for i, d in enumerate(dests)]
         loaded: list[int] = []
         for run in consecutive_runs([slots[i] for i in todo]):
             idx = [todo[r] for r in run]
@@ -388,7 +387,7 @@ class DiskStore:
             direct = self.direct_io and all(is_aligned(dests[i]) for i in idx)
             buffers: list[np.ndarray] = []
             for i in idx:
-                buffers += [regions[i], dests[i]]
+                buffers += [regions[i], stored[i][: dests[i].nbytes]]
             try:
                 got = pread_all(self._files.fd(first, direct), buffers, slot_offset(first)[1])
             except OSError as e:
@@ -404,9 +403,7 @@ class DiskStore:
                         raise block_format.corruption(
                             Corruption.TRUNCATED, "its segment file ends inside its slot"
                         )
-                    block_format.verify(
-                        regions[i].data, dests[i].data, key=keys[i], fingerprint=self.fingerprint
-                    )
+                    self.codec.open(keys[i], regions[i].data, stored[i], dests[i])
                     loaded.append(i)
                 except IntegrityError as e:
                     failed.append(self._failed(keys[i], slot, dests[i], e))
@@ -495,14 +492,6 @@ class DiskStore:
         except OSError as e:
             raise TransferError(f"disk write of block {name[:16]} failed: {e}") from e
         self._table.grow(slot_bytes, target)
-
-    def _regions(self, n: int) -> np.ndarray:
-        """``n`` aligned header regions of this thread, ``(n, HEADER_REGION)``."""
-        regions = getattr(self._local, "regions", None)
-        if regions is None or regions.shape[0] < n:
-            regions = aligned_empty(max(n, 16) * HEADER_REGION).reshape(-1, HEADER_REGION)
-            self._local.regions = regions
-        return regions
 
     def _failed(
         self, key: bytes, slot: Slot, dest: np.ndarray, error: IntegrityError

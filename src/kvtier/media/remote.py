@@ -11,7 +11,8 @@ key::
 
 so two models, dtypes or layouts (different fingerprints) never share a value, and
 tenants do not either (the cache salt is inside the block key). ``v1`` names this
-layout of keys and values; any change to either is a new prefix.
+layout of keys; the value's own header says its format (plaintext, or sealed with an
+``encryption_key_file``: ``block_codec``), and a store reads only its own.
 
 Every batch (``write_many``, ``read_many_into``, ``exists_many``, ``delete_many``) is
 one pipeline per ``batch_bytes`` of values (per node, on a cluster) on one connection;
@@ -45,7 +46,9 @@ from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from kvtier.errors import TransferError
+from kvtier.key_file import EncryptionKey
 from kvtier.media import block_format
+from kvtier.media.block_codec import BlockCodec, codec_for
 from kvtier.media.block_format import BytesLike
 from kvtier.media.circuit_breaker import CircuitBreaker, Health
 from kvtier.media.forks import renew_after_fork
@@ -85,19 +88,22 @@ class RemoteStore:
     """A block store over one Redis (or cluster). Build it with ``RemoteStore.open``.
 
     Attributes:
-        fingerprint: the model fingerprint digest every key and header carries.
+        fingerprint: the model fingerprint digest every key and value is bound to.
+        codec: how values are written and read (sealed with a key, or plaintext).
         options: how the store is reached.
         breaker: its health (shared by every thread using the store).
     """
 
     def __init__(
         self,
-        fingerprint: bytes,
+        codec: BlockCodec,
         options: RemoteOptions,
         password: str | None,
         breaker: CircuitBreaker,
     ) -> None:
+        fingerprint = codec.fingerprint
         self.fingerprint = fingerprint
+        self.codec = codec
         self.options = options
         self.breaker = breaker
         self._prefix = f"kvtier:v{LAYOUT_VERSION}:{fingerprint.hex()}:".encode()
@@ -123,6 +129,7 @@ class RemoteStore:
         *,
         breaker: CircuitBreaker | None = None,
         environ: Mapping[str, str] = os.environ,
+        keys: Sequence[EncryptionKey] = (),
     ) -> RemoteStore:
         """A store for one model, after one contact with the server (within
         ``options.timeout_s``; see the module docstring).
@@ -132,6 +139,8 @@ class RemoteStore:
             options: URL, cluster flag, timeouts, TTL, TLS files (see ``RemoteOptions``).
             breaker: the health tracker (a new one from ``options.backoff`` if None).
             environ: where the password variable is looked up.
+            keys: the keys of ``encryption_key_file`` (the first seals every value,
+                each opens its own); none: values are plaintext (verified).
 
         Raises:
             ConfigError: a setting the server refuses (password, user, certificate,
@@ -141,7 +150,8 @@ class RemoteStore:
         if not 1 <= len(fingerprint) <= block_format.MAX_NAME_BYTES:
             raise ValueError(f"fingerprint digest must be 1..255 bytes, got {len(fingerprint)}")
         password = options.password(environ)
-        store = cls(fingerprint, options, password, breaker or CircuitBreaker(options.backoff))
+        codec = codec_for(fingerprint, keys)
+        store = cls(codec, options, password, breaker or CircuitBreaker(options.backoff))
         store._first_contact(password_key(options, environ))
         return store
 
@@ -217,13 +227,16 @@ class RemoteStore:
             raise TransferError(f"a block key is 1..255 bytes, got {len(key)}")
         return self._prefix + key.hex().encode()
 
-    def header(self, key: bytes, payload: BytesLike) -> bytes:
-        """The header stored before ``payload`` under block ``key``."""
-        return block_format.encode_header(key, self.fingerprint, payload)
+    def value(self, key: bytes, page: np.ndarray) -> BlockValue:
+        """The value stored for ``page`` (a flat ``uint8`` array) under block ``key``:
+        its header and the page itself, or (sealed) its ciphertext in a new buffer;
+        nothing joined."""
+        header, body = self.codec.seal(key, page)
+        return BlockValue(header, body.data.cast("B"))
 
     def header_size(self, key_length: int) -> int:
-        """Bytes of the header of a block whose key has ``key_length`` bytes."""
-        return block_format.header_size(key_length, len(self.fingerprint))
+        """Bytes of the header this store writes for a key of ``key_length`` bytes."""
+        return self.codec.header_size(key_length)
 
     # -- connections for an event loop (``remote_loop``) -----------------------------
 
@@ -267,7 +280,7 @@ class RemoteStore:
         arrays = [_as_array(p) for p in payloads]
         px = None if self.options.ttl_s is None else max(1, round(self.options.ttl_s * 1000))
         for chunk in self._chunks([a.nbytes for a in arrays]):
-            batch = [(names[i], self._value(keys[i], arrays[i])) for i in chunk]
+            batch = [(names[i], self.value(keys[i], arrays[i])) for i in chunk]
             if self.options.cluster:
 
                 def queue(pipe: Any, batch: list[Any] = batch) -> None:
@@ -288,8 +301,9 @@ class RemoteStore:
     ) -> list[ReadOutcome]:
         """Load each block into its buffer (exactly its payload length) and verify it.
 
-        A buffer whose block is missed or corrupt is zero-filled; a corrupt value is
-        deleted. On a raised error every buffer is zero-filled.
+        A buffer whose block is missed, corrupt or undecryptable is zero-filled; a
+        corrupt or undecryptable value is deleted. On a raised error every buffer is
+        zero-filled.
 
         Raises:
             TransferError: the store is unhealthy, failed or timed out.
@@ -305,22 +319,17 @@ class RemoteStore:
                 if self.options.cluster:
                     values = self._pipelined(b"GET", [name for _, name, _ in batch])
                     for (k, _, dest), value in zip(batch, values, strict=True):
-                        outcomes.append(accept(self.fingerprint, k, value, dest))
+                        outcomes.append(accept(self.codec, k, value, dest))
                 else:
                     got = self._run(
-                        partial(
-                            get_into_pages,
-                            self._connections(),
-                            fingerprint=self.fingerprint,
-                            batch=batch,
-                        )
+                        partial(get_into_pages, self._connections(), codec=self.codec, batch=batch)
                     )
                     outcomes += got
         except TransferError:
             for d in dests:
                 d[:] = 0
             raise
-        corrupt = [names[i] for i, o in enumerate(outcomes) if o is ReadOutcome.CORRUPT]
+        corrupt = [names[i] for i, o in enumerate(outcomes) if o.rejected]
         if corrupt:
             try:
                 self._pipelined(b"DEL", corrupt)
@@ -353,11 +362,6 @@ class RemoteStore:
         return sum(r == 1 for r in self._pipelined(b"DEL", [self.redis_key(k) for k in keys]))
 
     # -- internals -------------------------------------------------------------------
-
-    def _value(self, key: bytes, data: np.ndarray) -> BlockValue:
-        """The value to send: its header and the page itself (uncopied)."""
-        payload = data.data.cast("B")
-        return BlockValue(self.header(key, payload), payload)
 
     def _chunks(self, sizes: Sequence[int]) -> Iterator[range]:
         """Consecutive index ranges of at most ``batch_bytes`` (at least one item each)."""

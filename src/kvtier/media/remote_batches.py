@@ -69,6 +69,7 @@ class Value:
     batch: Batch
     index: int
     header: bytearray | None = None  # a load's header, read from its reply
+    stored: np.ndarray | None = None  # where its payload lands (its page, unless sealed)
     crlf: bytearray | None = None  # and the CRLF that ends it
     outcome: ReadOutcome = ReadOutcome.MISS
 

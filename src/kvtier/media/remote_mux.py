@@ -21,7 +21,7 @@ from kvtier.errors import TransferError
 from kvtier.media.redis_client import readable
 from kvtier.media.remote_batches import Batch, BatchResult, Op, Value, report
 from kvtier.media.remote_conn import LoopConnection as _Conn
-from kvtier.media.remote_values import ReadOutcome, get_window, reject, set_commands, verified
+from kvtier.media.remote_values import ReadOutcome, get_window, opened, reject, set_commands
 from kvtier.media.resp import BlockValue
 
 if TYPE_CHECKING:
@@ -172,20 +172,21 @@ class Multiplexer:
             )
         if batch.keys and (batch.error is None or batch.refused):
             self.store.breaker.record_success()
-        if load and ReadOutcome.CORRUPT in batch.outcomes:
+        if load and any(o.rejected for o in batch.outcomes):
             self._delete_corrupt(batch)  # reported once they are deleted
         else:
             report(batch)
 
     def _delete_corrupt(self, batch: Batch) -> None:
-        """Queue ``DEL`` of the values ``batch`` found corrupt, and report ``batch`` when
+        """Queue ``DEL`` of the values ``batch`` found corrupt or undecryptable, and
+        report ``batch`` when
         they are answered: requests on the loop's connections like any other (the
         blocking ``delete_many`` this replaced held every batch of the direction for
         up to ``timeout_s``). As before, the values are gone when the batch is reported,
         so a value stored again after that report is never deleted by a late ``DEL``.
         A ``DEL`` that fails is logged (a lost connection is recorded in the breaker, as
         for any request); ``batch`` is reported all the same."""
-        corrupt = [i for i, o in enumerate(batch.outcomes) if o is ReadOutcome.CORRUPT]
+        corrupt = [i for i, o in enumerate(batch.outcomes) if o.rejected]
         keys = [batch.keys[i] for i in corrupt]
 
         def deleted(result: BatchResult) -> None:
@@ -275,8 +276,7 @@ class Multiplexer:
                 sets.clear()
                 out.append((_GET if batch.op is Op.LOAD else _DEL) % (len(name), name))
                 continue
-            payload = batch.pages[i].reshape(-1).data.cast("B")
-            sets.append((name, BlockValue(self.store.header(batch.keys[i], payload), payload)))
+            sets.append((name, self.store.value(batch.keys[i], batch.pages[i].reshape(-1))))
         return out + set_commands(sets, self.px)
 
     def _open(self, slot: int) -> _Conn | None:
@@ -325,12 +325,14 @@ class Multiplexer:
                 if not conn.fill():
                     return
                 assert value.header is not None and value.crlf is not None
+                assert value.stored is not None
                 if value.crlf != b"\r\n":
                     raise ConnectionError("a bulk reply not ended by CRLF")
                 batch, i = value.batch, value.index
-                outcome = verified(
-                    value.header, batch.keys[i], self.store.fingerprint, batch.pages[i]
+                outcome = opened(
+                    self.store.codec, batch.keys[i], value.header, value.stored, batch.pages[i]
                 )
+                value.stored = None
                 waiting.popleft()
                 self._settle(value, outcome)
                 continue
@@ -376,7 +378,8 @@ class Multiplexer:
     def _got(self, conn: _Conn, value: Value, line: bytes) -> None:
         batch, i = value.batch, value.index
         key, page = batch.keys[i], batch.pages[i]
-        expected = self.store.header_size(len(key)) + page.nbytes
+        codec = self.store.codec
+        expected = codec.header_size(len(key)) + page.nbytes
         if line in (b"$-1", b"_"):  # nil in RESP2, null in RESP3
             conn.waiting.popleft()
             self._settle(value, ReadOutcome.MISS)
@@ -388,9 +391,12 @@ class Multiplexer:
                 length = int(line[1:])
             except ValueError:
                 raise ConnectionError(f"unexpected reply to GET: {line[:40]!r}") from None
-            if line.startswith(b"$") and length == expected:
-                value.header, value.crlf = bytearray(expected - page.nbytes), bytearray(2)
-                payload = page.reshape(-1).data.cast("B")
+            # a value of the other format is read whole too: its header says why it
+            # does not open here
+            if line.startswith(b"$") and length - page.nbytes in codec.header_sizes(len(key)):
+                value.header, value.crlf = bytearray(length - page.nbytes), bytearray(2)
+                value.stored = codec.landing(page.reshape(-1))
+                payload = value.stored[: page.nbytes].data.cast("B")
                 conn.rest = [memoryview(value.header), payload, memoryview(value.crlf)]
             elif line.startswith(b"$") and length < 0:
                 raise ConnectionError(f"unexpected reply to GET: {line[:40]!r}")

@@ -16,14 +16,16 @@ Reading, two paths, one outcome per key (``ReadOutcome``):
   outstanding (``get_window``: two of 256 KiB, one of 1 MiB; the next sent as a reply
   is read, so the server never holds a whole batch of replies), each reply read by
   ``ReplyReader`` straight into its page (header, payload and CRLF in one call), then
-  verified in place (its header compared with the one kvtier writes for those bytes;
-  decoded only if it differs);
-* ``accept`` (cluster, whose redis-py pipeline returns ``bytes``): verify a
-  fetched value, then copy its payload into the page.
+  opened there by the store's codec (``opened``; a plaintext header is compared with
+  the one kvtier writes for those bytes, decoded only if it differs; a sealed value
+  lands in a buffer of its own and is decrypted into the page);
+* ``accept`` (cluster, whose redis-py pipeline returns ``bytes``): copy a fetched
+  value's payload into the page (or the codec's buffer) and open it.
 
 Either way a value that is not a verified block of this key and fingerprint (bad
 header or checksum, wrong length, another Redis type) leaves its page zero-filled and
-is reported ``CORRUPT``; the store deletes it.
+is reported ``CORRUPT``; one whose seal does not open (another key, none, moved,
+forged), or a value of the other format, ``UNDECRYPTABLE``. The store deletes both.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from kvtier.errors import IntegrityError
-from kvtier.media import block_format
+from kvtier.media.block_codec import BlockCodec
 from kvtier.media.block_format import Corruption
 from kvtier.media.redis_client import Connections
 from kvtier.media.resp import BlockValue, ErrorReply, ReplyReader, send_buffers
@@ -56,6 +58,14 @@ class ReadOutcome(str, enum.Enum):
     """Not stored: never written, evicted, expired, or the server restarted empty."""
     CORRUPT = "corrupt"
     """Stored but failed verification; deleted, never served."""
+    UNDECRYPTABLE = "undecryptable"
+    """Stored but its seal does not open here, or it is of the other format (sealed
+    for a tier without a key, plaintext for one with a key); deleted, never served."""
+
+    @property
+    def rejected(self) -> bool:
+        """Stored but not served (the store deletes it)."""
+        return self in (ReadOutcome.CORRUPT, ReadOutcome.UNDECRYPTABLE)
 
 
 def set_from_pages(
@@ -154,7 +164,7 @@ def _set_reply(line: bytes) -> ErrorReply | None:
 
 
 def get_into_pages(
-    conns: Connections, *, fingerprint: bytes, batch: list[tuple[bytes, bytes, np.ndarray]]
+    conns: Connections, *, codec: BlockCodec, batch: list[tuple[bytes, bytes, np.ndarray]]
 ) -> list[ReadOutcome]:
     """``GET`` each of ``batch`` on one connection of ``conns``, each value read into its
     page; at most ``get_window`` requests outstanding (the next one sent as a reply is
@@ -171,7 +181,7 @@ def get_into_pages(
         for i, (key, _, dest) in enumerate(batch):
             if 0 < i <= len(batch) - window:  # the next request, as reply i is read
                 sock.sendall(gets[i + window - 1])
-            outcomes.append(receive(reader, fingerprint, key, dest))
+            outcomes.append(receive(reader, codec, key, dest))
         return outcomes
 
 
@@ -193,10 +203,9 @@ def get_window(value_bytes: int) -> int:
     return max(1, WINDOW_BYTES // max(1, value_bytes))
 
 
-def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarray) -> ReadOutcome:
-    """Read one GET reply into ``dest`` and verify it there (zeroed if it fails)."""
+def receive(reader: ReplyReader, codec: BlockCodec, key: bytes, dest: np.ndarray) -> ReadOutcome:
+    """Read one GET reply and open it into ``dest`` (zeroed if it fails)."""
     line = reader.line()
-    size = block_format.header_size(len(key), len(fingerprint))
     if line in (b"$-1", b"_"):  # nil in RESP2, null in RESP3
         dest[:] = 0
         return ReadOutcome.MISS
@@ -208,56 +217,56 @@ def receive(reader: ReplyReader, fingerprint: bytes, key: bytes, dest: np.ndarra
     if not line.startswith(b"$"):
         raise ConnectionError(f"unexpected reply to GET: {line[:40]!r}")
     length = int(line[1:])
-    if length != size + dest.nbytes:
+    size = length - dest.nbytes
+    if size not in codec.header_sizes(len(key)):
         reader.skip(length + 2)
-        return reject(key, dest, f"value of {length} bytes, expected {size + dest.nbytes}")
+        expected = codec.header_size(len(key)) + dest.nbytes
+        return reject(key, dest, f"value of {length} bytes, expected {expected}")
     header, crlf = bytearray(size), bytearray(2)
-    reader.read_into(memoryview(header), dest.data, memoryview(crlf))
+    stored = codec.landing(dest)
+    reader.read_into(memoryview(header), stored[: dest.nbytes].data, memoryview(crlf))
     if crlf != b"\r\n":
         raise ConnectionError("a bulk reply not ended by CRLF")
-    return verified(header, key, fingerprint, dest)
+    return opened(codec, key, header, stored, dest)
 
 
-def verified(header: bytearray, key: bytes, fingerprint: bytes, dest: np.ndarray) -> ReadOutcome:
-    """Whether ``header`` and the payload read into ``dest`` are a block of ``key`` for
-    model ``fingerprint``: ``HIT``, or ``CORRUPT`` with ``dest`` zeroed."""
-    # The header kvtier writes for these payload bytes under this key and model: a
-    # stored header equal to it byte for byte is verified (magic, version, lengths,
-    # key, fingerprint, payload checksum and its own checksum all match) without
-    # decoding it; any other is decoded and checked field by field for the reason.
-    if header == block_format.encode_header(key, fingerprint, dest.data):
-        return ReadOutcome.HIT
+def opened(
+    codec: BlockCodec, key: bytes, header: bytearray, stored: np.ndarray, dest: np.ndarray
+) -> ReadOutcome:
+    """Whether ``header`` and the payload read into ``stored`` (``codec.landing(dest)``)
+    are block ``key`` of the codec's model: ``HIT`` with its bytes in ``dest``, or
+    ``CORRUPT`` / ``UNDECRYPTABLE`` with ``dest`` zeroed."""
     try:
-        block_format.verify(header, dest.data, key=key, fingerprint=fingerprint)
+        codec.open(key, header, stored, dest)
     except IntegrityError as e:
-        return reject(key, dest, str(e))
+        return reject(key, dest, str(e), undecryptable=e.reason == Corruption.UNDECRYPTABLE)
     return ReadOutcome.HIT
 
 
-def accept(fingerprint: bytes, key: bytes, value: Any, dest: np.ndarray) -> ReadOutcome:
-    """Verify one fetched value and copy its payload into ``dest``."""
+def accept(codec: BlockCodec, key: bytes, value: Any, dest: np.ndarray) -> ReadOutcome:
+    """Open one fetched value into ``dest``."""
     if value is None:
         dest[:] = 0
         return ReadOutcome.MISS
     if isinstance(value, Exception):  # an error reply: a foreign value (WRONGTYPE, ...)
         return reject(key, dest, str(value))
     view = memoryview(value)
-    size = block_format.header_size(len(key), len(fingerprint))
-    try:
-        h = block_format.verify(view, view[size:], key=key, fingerprint=fingerprint)
-        if h.payload_length != dest.nbytes:
-            raise block_format.corruption(
-                Corruption.LENGTH_MISMATCH,
-                f"value holds {h.payload_length} bytes, the buffer takes {dest.nbytes}",
-            )
-    except IntegrityError as e:
-        return reject(key, dest, str(e))
-    dest[:] = np.frombuffer(view, dtype=np.uint8, offset=size)
-    return ReadOutcome.HIT
+    size = len(view) - dest.nbytes
+    if size not in codec.header_sizes(len(key)):
+        expected = codec.header_size(len(key)) + dest.nbytes
+        return reject(key, dest, f"value of {len(view)} bytes, expected {expected}")
+    stored = codec.landing(dest)
+    stored[: dest.nbytes] = np.frombuffer(view, dtype=np.uint8, offset=size)
+    return opened(codec, key, bytearray(view[:size]), stored, dest)
 
 
-def reject(key: bytes, dest: np.ndarray, why: str) -> ReadOutcome:
-    """Log why a value failed verification, zero its page: ``CORRUPT``."""
-    logger.warning("remote block %s failed verification: %s", key.hex()[:16], why)
+def reject(key: bytes, dest: np.ndarray, why: str, *, undecryptable: bool = False) -> ReadOutcome:
+    """Zero a value's page: ``CORRUPT`` (logged, each), or ``UNDECRYPTABLE`` (at debug
+    level: the engine's failure log warns once per tier for them, as a key that does
+    not match fails every read)."""
     dest[:] = 0
+    if undecryptable:
+        logger.debug("remote block %s does not open: %s", key.hex()[:16], why)
+        return ReadOutcome.UNDECRYPTABLE
+    logger.warning("remote block %s failed verification: %s", key.hex()[:16], why)
     return ReadOutcome.CORRUPT

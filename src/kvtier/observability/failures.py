@@ -18,6 +18,10 @@ A reason is one word from a small fixed set, so it can be a metric label:
 ``unwritable``   permission denied or a read-only file system
 ``miss``         the block is no longer there (evicted, expired, deleted)
 ``corrupt``      the bytes failed verification (the block was dropped)
+``undecryptable``  a sealed block that does not open with this engine's keys,
+                 model and block key (another key or none, moved, forged), or
+                 a block of the other format (sealed where no key is set,
+                 plaintext where one is); dropped
 ``shut_down``    the handler was already shut down
 ``invalid``      the job was malformed (a bug; see the log)
 ``error``        anything else (the first message is logged)
@@ -42,6 +46,7 @@ REASONS = (
     "unwritable",
     "miss",
     "corrupt",
+    "undecryptable",
     "shut_down",
     "invalid",
     "error",
@@ -53,6 +58,7 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for reason, pattern in (
         ("shut_down", r"handler is shut down"),
         ("invalid", r"invalid transfer spec|malformed transfer spec|no handler for"),
+        ("undecryptable", r"undecryptable"),
         ("corrupt", r"failed verification|checksum|corrupt|truncated"),
         ("full", r"\[Errno (28|122)\]|No space left|quota exceeded|tier full"),
         ("unwritable", r"\[Errno (1|13|30)\]|Permission denied|Read-only file system"),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvtier import options
-from kvtier.config import STORE_POLICIES
+from kvtier.config import DEFAULT_EVICTION_POLICY, STORE_POLICIES
 from kvtier.errors import ConfigError
 from kvtier.machine import check_disk, check_memory
 from kvtier.results import add_json_option, check_output, default_path, write_result
@@ -148,9 +148,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     o.add_argument(
         "--eviction-policy",
-        default="leader",
+        default=DEFAULT_EVICTION_POLICY,
         choices=sorted(POLICIES),
-        help="tiers' policy (default: leader)",
+        help=f"tiers' policy (default: the engine's, {DEFAULT_EVICTION_POLICY})",
     )
     o.add_argument(
         "--store-policy",

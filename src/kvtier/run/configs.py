@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvtier.config import DEFAULT_EVICTION_POLICY
 from kvtier.errors import ConfigError
 
 NAMES = ("none", "cpu", "cpu+disk")
@@ -79,7 +80,7 @@ def build_configurations(
     block_size: int,
     disk_path: str,
     sizes: TierSizes | None = None,
-    eviction_policy: str = "leader",
+    eviction_policy: str = DEFAULT_EVICTION_POLICY,
     store_policy: str = "eager",
 ) -> tuple[Configuration, ...]:
     """The configurations named, sized for a workload whose distinct KV is ``kv_bytes``.

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 
 from kvtier import options
-from kvtier.config import OffloadingConfig
+from kvtier.config import DEFAULT_EVICTION_POLICY
 from kvtier.errors import ConfigError, TraceError
 from kvtier.results import add_json_option, check_output, default_path, write_result
 from kvtier.scheduler.policies import POLICIES
@@ -37,17 +36,6 @@ from kvtier.sim.workload import SHAPES, generate, shaped
 
 DEFAULT_TRACE = SYNTHETIC_TRACE
 """The trace used when none is given: Mooncake's synthetic trace, shipped in the package."""
-
-
-def _engine_default_policy() -> str:
-    (default,) = (f.default for f in fields(OffloadingConfig) if f.name == "eviction_policy")
-    assert isinstance(default, str), "OffloadingConfig.eviction_policy has a default name"
-    return default
-
-
-ENGINE_DEFAULT_POLICY = _engine_default_policy()
-"""The policy replayed when none is given: the one an engine runs by default
-(``OffloadingConfig.eviction_policy``), so that a replay predicts the engine's hits."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         choices=sorted(POLICIES),
-        help=f"eviction policy, repeatable (default: the engine's, {ENGINE_DEFAULT_POLICY})",
+        help=f"eviction policy, repeatable (default: the engine's, {DEFAULT_EVICTION_POLICY})",
     )
     parser.add_argument(
         "--store-threshold",
@@ -200,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
         ConfigError: a bad option (named), found before the replay.
         TraceError: the trace is malformed or empty.
     """
-    policies = args.policy or [ENGINE_DEFAULT_POLICY]
+    policies = args.policy or [DEFAULT_EVICTION_POLICY]
     sweeping = args.sweep is not None
     capacities = parse_capacities(args.sweep) if sweeping else (parse_capacity(args.capacity),)
     disk_capacity = (
@@ -254,7 +242,7 @@ def _write_json(
             "distinct_blocks": trace.num_distinct_blocks,
             "block_size": trace.block_size,
         },
-        "policies": args.policy or [ENGINE_DEFAULT_POLICY],
+        "policies": args.policy or [DEFAULT_EVICTION_POLICY],
         "capacities": [p.capacity for p in points],
         "store_threshold": args.store_threshold,
         "disk_capacity": args.disk_capacity,

@@ -42,15 +42,17 @@ from kvtier.worker.thread_pool_handler import host_pages, split_spec
 def _describe_misses(keys: list[bytes], outcomes: tuple[ReadOutcome, ...]) -> str:
     missed = [k for k, o in zip(keys, outcomes, strict=True) if o is ReadOutcome.MISS]
     corrupt = [k for k, o in zip(keys, outcomes, strict=True) if o is ReadOutcome.CORRUPT]
+    sealed = [k for k, o in zip(keys, outcomes, strict=True) if o is ReadOutcome.UNDECRYPTABLE]
     parts = []
     if missed:
         parts.append(f"{len(missed)} missed (evicted, expired or never stored)")
     if corrupt:
         parts.append(f"{len(corrupt)} failed verification (deleted)")
-    first = (missed + corrupt)[0].hex()[:16]
-    return f"{len(missed) + len(corrupt)} of {len(keys)} block(s) not loaded: " + (
-        ", ".join(parts) + f"; first {first}"
-    )
+    if sealed:
+        parts.append(f"{len(sealed)} undecryptable (deleted)")
+    first = (missed + corrupt + sealed)[0].hex()[:16]
+    lost = len(missed) + len(corrupt) + len(sealed)
+    return f"{lost} of {len(keys)} block(s) not loaded: " + (", ".join(parts) + f"; first {first}")
 
 
 @dataclass(eq=False, slots=True)

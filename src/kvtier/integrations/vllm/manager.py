@@ -12,7 +12,9 @@ vLLM's lookup is per key and answers one of four values:
 ``HIT_PENDING``    being stored into the CPU tier: from the GPU, or promoted from
                    disk / Redis (vLLM asks again at a later step)
 ``RETRY``          kvtier is asking Redis whether another engine stored it
-``MISS``           in no tier, or a promotion / check of it failed
+``MISS``           in no tier, a promotion / check of it failed, or it was promoted
+                   for this request and left the CPU tier before vLLM loaded it
+                   (the request's blocks do not fit in the CPU tier at once)
 =================  ==============================================================
 
 A block in disk or Redis only is promoted into the CPU tier *before* vLLM hears it hit:
@@ -142,7 +144,6 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         self._admit(k, req_context)
         state = self.cpu.state(k)
         if state is BlockState.READY:
-            self.metrics.add(TIER_HITS, 1, ("cpu",))
             return self._count("hit", compat.LookupResult.HIT)
         if state is BlockState.STORING:
             return self._count("pending", compat.LookupResult.HIT_PENDING)
@@ -155,9 +156,21 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             if tiered.discovering([k]) or self._checking_window(k, req_context):
                 return self._count("retry", compat.LookupResult.RETRY)  # Redis is asked
             return self._count("miss", compat.LookupResult.MISS)
+        request = self._keys.of(req_context, k)
+        # How far k is from where vLLM's lookups of its group began: a full-attention
+        # group's run from where vLLM's own cache stopped, a windowed group's leftwards
+        # from its first (rightmost) lookup.
+        at = request.index(k)
+        past = request.first_looked - at if request.windowed else at - request.first
+        if k in request.promoted or past >= self.cpu.num_blocks:
+            # Promoted and gone again, or past what the CPU tier holds of one request:
+            # a promotion now would evict the request's own blocks before vLLM loads
+            # them. vLLM loads the run before this key and computes the rest.
+            return self._count("miss", compat.LookupResult.MISS)
         jobs = tiered.prepare_promotion([k])
         if not jobs:  # None: no CPU room now; []: cannot happen (not READY in CPU)
             return self._count("miss", compat.LookupResult.MISS)
+        request.promoted.add(k)
         for job in jobs:
             self._kinds[self.mover.submit(job)] = "promote"
             self.metrics.add(TIER_HITS, len(job.block_hashes), (TIER_NAMES[job.src.medium],))
@@ -172,6 +185,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         if admission is None:
             return
         request, first = admission
+        request.first = first
         target = self.tiered or self.cpu
         target.lookup(request.keys, first)
         target.touch(request.keys)
@@ -206,6 +220,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         request was looked up)."""
         ks = [BlockHash(bytes(k)) for k in keys]
         spec = self.cpu.prepare_load(ks)
+        self.metrics.add(TIER_HITS, len(ks), ("cpu",))
         assert isinstance(spec, BlockIdsSpec)
         for group, n in Counter(group_of(k) for k in ks).items():
             self.metrics.add(LOADED_BLOCKS, n, (str(group),))

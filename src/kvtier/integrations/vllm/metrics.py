@@ -12,8 +12,9 @@ metric                                         labels     counts
 ``vllm:kv_offload_kvtier_lookups``             result     vLLM's per-key lookups:
                                                           hit, pending, retry, miss
 ``vllm:kv_offload_kvtier_tier_hits``           tier       blocks found in a tier:
-                                                          cpu (a HIT), disk / redis
-                                                          (a promotion started)
+                                                          cpu (loaded by vLLM),
+                                                          disk / redis (a promotion
+                                                          started)
 ``vllm:kv_offload_kvtier_loaded_blocks``       group      blocks vLLM loads from the
                                                           CPU tier, by KV cache
                                                           group index

@@ -55,17 +55,25 @@ class Request:
         ends: the token position where each key's block ends (``None`` where vLLM
             recorded none: a key only looked up).
         admitted: whether the policies have been shown the group's keys.
+        first: how many leading keys vLLM's own cache served (where its lookups of a
+            full-attention group began; set at admission).
         windowed: whether vLLM looks the group up from the right: a windowed group
             (its first lookup was past where vLLM's own cache stopped, or a later one
             came before it; see ``looked_up``).
         first_looked: where in ``keys`` the group's first lookup was.
+        promoted: keys promoted into the CPU tier for this request. One of them gone
+            from the CPU tier again before vLLM loaded it means the tier cannot hold
+            the request's blocks at once: promoting it again would evict another of
+            the request's blocks, and so on, a lookup after the other.
     """
 
     keys: list[BlockHash] = field(default_factory=list)
     ends: list[int | None] = field(default_factory=list)
     admitted: bool = False
+    first: int = 0
     windowed: bool = False
     first_looked: int = 0
+    promoted: set[BlockHash] = field(default_factory=set)
     _index: dict[BlockHash, int] = field(default_factory=dict)
 
     def index(self, key: BlockHash) -> int:
