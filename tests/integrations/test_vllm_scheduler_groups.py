@@ -134,3 +134,36 @@ def test_kv_caches_kvtier_cannot_copy_are_refused_naming_the_groups(hybrid: Any)
     assert "tensor 0 has shape (24, 2, 8192)" in message
     assert "2 KV cache group(s): group 0 (model.layers.0.self_attn.attn" in message
     assert "--disable-hybrid-kv-cache-manager" in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="promoted from disk (10 blocks of both groups) but none loaded; the cause is "
+    "not found yet (bounding the full group's run to leave the window room changed the "
+    "promotions to 7, not the loads)",
+)
+def test_a_conversation_larger_than_the_cpu_tier_loads_what_the_tier_holds(
+    hybrid: Any, tmp_path: Path
+) -> None:
+    """Both groups of a 16-block conversation on disk (32 blocks) behind a CPU tier of 8
+    blocks: some of the full group's run and the sliding group's window before its end
+    should come back, right byte for byte. Today vLLM is told of hits (the promotions
+    end) but loads nothing: 10 promotions, 0 blocks loaded; the bytes stay right."""
+    disk = {"disk_path": str(tmp_path / "disk"), "disk_bytes_to_use": "16MiB"}
+    cpu = {"cpu_bytes_to_use": 8 * 2 * 16384}
+    rng = random.Random(3)
+    chat = [rng.randrange(1, 500) for _ in range(16 * 32)]
+    writer = hybrid({**cpu, **disk}, num_gpu_blocks=48)
+    for turn in range(8):
+        writer.add(f"t{turn}", [*chat[: (turn + 1) * 64], 7], max_tokens=2)
+        writer.run()
+    assert len(writer.manager.tiered.secondaries[0]) == 32  # both groups of the chat
+    writer.shutdown()
+    h = hybrid({**cpu, **disk}, num_gpu_blocks=48)
+    h.add("again", [*chat, 8], max_tokens=2)
+    h.run()
+    m = h.manager
+    assert m.tiered.stats().promotion_failures == 0
+    sliding, full = (m.metrics.total(LOADED_BLOCKS, (g,)) for g in ("0", "1"))
+    assert sliding > 0 and full > 0
+    assert h.checked_rows > 0
