@@ -72,7 +72,7 @@ from kvtier.integrations.vllm.metrics import (
 )
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
-from kvtier.integrations.vllm.requests import GROUP_SUFFIX, RequestKeys, group_of
+from kvtier.integrations.vllm.requests import GROUP_SUFFIX, Request, RequestKeys, group_of
 from kvtier.integrations.vllm.windows import WindowChecks
 from kvtier.load_store_specs import BlockIdsSpec
 from kvtier.scheduler.manager import BlockState, TierManager
@@ -117,8 +117,12 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         mover: RankMover | None = None,
         on_shutdown: Any = None,
         windows: WindowChecks | None = None,
+        window_blocks: int = 0,
     ) -> None:
         self.cpu = cpu
+        # CPU blocks a request's windowed groups need beside its full-attention run
+        # (``spec.window_blocks``): the run is promoted only as far as leaves them room.
+        self.window_blocks = window_blocks
         self.tiered = tiered
         self.region = region
         self.mover = mover
@@ -157,12 +161,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
                 return self._count("retry", compat.LookupResult.RETRY)  # Redis is asked
             return self._count("miss", compat.LookupResult.MISS)
         request = self._keys.of(req_context, k)
-        # How far k is from where vLLM's lookups of its group began: a full-attention
-        # group's run from where vLLM's own cache stopped, a windowed group's leftwards
-        # from its first (rightmost) lookup.
-        at = request.index(k)
-        past = request.first_looked - at if request.windowed else at - request.first
-        if k in request.promoted or past >= self.cpu.num_blocks:
+        if k in request.promoted or not self._promotable(request, k, req_context):
             # Promoted and gone again, or past what the CPU tier holds of one request:
             # a promotion now would evict the request's own blocks before vLLM loads
             # them. vLLM loads the run before this key and computes the rest.
@@ -175,6 +174,38 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             self._kinds[self.mover.submit(job)] = "promote"
             self.metrics.add(TIER_HITS, len(job.block_hashes), (TIER_NAMES[job.src.medium],))
         return self._count("pending", compat.LookupResult.HIT_PENDING)
+
+    def _promotable(self, request: Request, key: BlockHash, req_context: Any) -> bool:
+        """Whether promoting ``key`` stays within what the CPU tier holds of its request.
+
+        A full-attention group's run, from where vLLM's own cache stopped, gets the
+        tier less the windows' room (``window_blocks``). vLLM looks a windowed group
+        up from the right of the whole prompt, whatever the full groups found: a
+        window past where their run can reach would be promoted for nothing and evict
+        the run, so it misses, and vLLM looks further left. A windowed group's own
+        lookups go leftwards from its first.
+        """
+        at = request.index(key)
+        if not request.windowed:
+            return at - request.first < self.cpu.num_blocks - self.window_blocks
+        reach = self._full_reach(req_context)
+        if reach is None:  # windowed groups only
+            return request.first_looked - at < self.cpu.num_blocks
+        end = request.ends[at]
+        return end is None or end <= reach
+
+    def _full_reach(self, req_context: Any) -> int | None:
+        """The token position up to which the request's full-attention groups can be
+        promoted (``None``: no full-attention group looked up, or no position known)."""
+        room = self.cpu.num_blocks - self.window_blocks
+        reach = None
+        for group in self._keys.groups(req_context):
+            if not group.admitted or group.windowed or not group.keys:
+                continue
+            end = group.ends[min(group.first + room, len(group.keys)) - 1]
+            if end is not None:
+                reach = end if reach is None else min(reach, end)
+        return reach
 
     def _admit(self, key: BlockHash, req_context: Any) -> None:
         """At the first lookup of a request's KV cache group: the policies see the

@@ -73,6 +73,14 @@ def describe_groups(config: Any) -> str:
     return f"{len(parts)} KV cache group(s): " + "; ".join(parts)
 
 
+def window_blocks(config: Any) -> int:
+    """CPU blocks a request's windowed groups need beside its full-attention run: each
+    window and one block more (a window ending mid-block). vLLM 0.33 says each group's
+    window in offloaded blocks; 0.32 does not (0)."""
+    windows = [getattr(g, "sliding_window_size_in_chunks", None) for g in config.groups]
+    return sum(int(w) + 1 for w in windows if w is not None)
+
+
 class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
     """kvtier's CPU tier (with disk and Redis behind it) for vLLM. See the module doc.
 
@@ -190,7 +198,15 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         shared = {Medium.REMOTE: EveryRank(remotes)} if remotes else None
         tiered = tiers.tiering(cfg, cpu, secondaries, shared)
         windows = WindowChecks(EveryRank(remotes), redis) if redis is not None else None
-        return KvtierManager(cpu, tiered, region, mover, on_shutdown=close, windows=windows)
+        return KvtierManager(
+            cpu,
+            tiered,
+            region,
+            mover,
+            on_shutdown=close,
+            windows=windows,
+            window_blocks=window_blocks(self.config),
+        )
 
     def _fingerprint(self, rank: int) -> bytes:
         """Rank ``rank``'s storage fingerprint (the checkpoint digested once)."""
