@@ -33,13 +33,18 @@ _HAS_ENGINE = _VERSION is not None and importlib.util.find_spec("vllm._C") is no
 
 collect_ignore: list[str] = []
 if _VERSION is None:
-    collect_ignore.append("test_vllm_requests.py")
+    collect_ignore += ["test_vllm_requests.py", "test_vllm_group_jobs.py"]
 if not _HAS_ENGINE:
     collect_ignore += [
         "test_vllm_engine.py",
+        "test_vllm_hybrid.py",
         "test_vllm_server.py",
         "test_vllm_bench.py",
         "test_vllm_soak.py",
     ]
 if _VERSION is None or _VERSION < (0, 33):
-    collect_ignore += ["test_vllm_scheduler.py", "test_vllm_secondary_tiers.py"]
+    collect_ignore += [
+        "test_vllm_scheduler.py",
+        "test_vllm_scheduler_groups.py",
+        "test_vllm_secondary_tiers.py",
+    ]

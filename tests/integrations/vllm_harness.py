@@ -10,17 +10,22 @@ start transfers, the fake model writes the KV of every computed token, stores ar
 queued, results are aggregated across ranks (vLLM's ``KVOutputAggregator``) and fed
 back.
 
-The fake model's KV is a byte oracle: token ``p`` of a request, on rank ``r``, has
-the bytes of ``sha256(r, tokens[0..p])`` in its row of its block. Before the model
-computes anything for a request, every row the request already has (from the GPU
-prefix cache or loaded by kvtier) is checked against that oracle; one wrong byte
-fails the test.
+The fake model's KV is a byte oracle: token ``p`` of a request, on rank ``r``, in KV
+cache group ``g``, has the bytes of ``sha256(r, g, tokens[0..p])`` in its row of the
+group's block. Before the model computes anything for a request, every row the
+request already has (from the GPU prefix cache or loaded by kvtier) is checked against
+that oracle; one wrong byte fails the test. A hybrid model (``windows``: a sliding
+window per group, ``None`` for full attention) has one group per entry, all drawing
+blocks from one pool of pages (one tensor, as vLLM's hybrid allocator shares them); a
+sliding group's rows are checked where its window needs them (the ``window - 1``
+tokens before the first computed one), a full group's everywhere.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import os
 import time
 import warnings
@@ -48,7 +53,13 @@ with warnings.catch_warnings():
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+    )
     from vllm.v1.kv_offload.base import (
         CanonicalKVCacheRef,
         CanonicalKVCaches,
@@ -58,7 +69,6 @@ with warnings.catch_warnings():
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
-from kvtier.integrations.vllm.spec import KvtierOffloadingSpec
 
 BLOCK = 32
 LAYERS = 2
@@ -69,9 +79,9 @@ IDLE_S = 60.0  # the longest a run waits on kvtier's I/O alone
 EOS = 0
 
 
-def token_bytes(rank: int, prefix_digest: bytes) -> np.ndarray:
+def token_bytes(rank: int, group: int, prefix_digest: bytes) -> np.ndarray:
     """The oracle's bytes of one token row."""
-    digest = hashlib.sha256(bytes([rank]) + prefix_digest).digest()
+    digest = hashlib.sha256(bytes([rank, group]) + prefix_digest).digest()
     return np.frombuffer((digest * (ROW // 32 + 1))[:ROW], dtype=np.uint8)
 
 
@@ -89,6 +99,7 @@ class Harness:
     scheduler: Any
     ranks: list[Rank]
     model_dir: Path
+    windows: list[int | None] = field(default_factory=lambda: [None])
     digests: dict[str, list[bytes]] = field(default_factory=dict)
     tokens: dict[str, list[int]] = field(default_factory=dict)
     checked_rows: int = 0
@@ -115,6 +126,8 @@ class Harness:
         num_gpu_blocks: int,
         world_size: int = 2,
         kv_events: bool = False,
+        windows: list[int | None] | None = None,
+        max_num_batched_tokens: int = 1024,
     ) -> Harness:
         args = EngineArgs(
             model=str(model_dir),
@@ -123,7 +136,7 @@ class Harness:
             enable_prefix_caching=True,
             max_model_len=1024,
             max_num_seqs=4,
-            max_num_batched_tokens=1024,
+            max_num_batched_tokens=max_num_batched_tokens,
             dtype="float32",
             tensor_parallel_size=world_size,
             distributed_executor_backend="mp",
@@ -141,30 +154,50 @@ class Harness:
             warnings.simplefilter("ignore")
             vllm_config = args.create_engine_config()
         vllm_config.scheduler_config.async_scheduling = False
+        windows = windows or [None]
+        groups = []
+        for g, window in enumerate(windows):
+            layers = [f"model.layers.{g * LAYERS + i}.self_attn.attn" for i in range(LAYERS)]
+            shape = {"block_size": BLOCK, "num_kv_heads": 1, "head_size": HEAD}
+            kv_spec = (
+                FullAttentionSpec(**shape, dtype=torch.float32)
+                if window is None
+                else SlidingWindowSpec(**shape, dtype=torch.float32, sliding_window=window)
+            )
+            groups.append(KVCacheGroupSpec(layers, kv_spec))
         kv_cache_config = KVCacheConfig(
             num_blocks=num_gpu_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[
-                KVCacheGroupSpec(
-                    [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
-                    FullAttentionSpec(
-                        block_size=BLOCK, num_kv_heads=1, head_size=HEAD, dtype=torch.float32
-                    ),
+            # The groups' layers overlay one allocation of PAGE bytes per block, as
+            # vLLM's hybrid allocator lays them out (only the single-group layout
+            # leaves the list empty, and vLLM then sums the groups' pages).
+            kv_cache_tensors=[]
+            if len(groups) == 1
+            else [
+                KVCacheTensor(
+                    size=num_gpu_blocks * PAGE,
+                    layers=[g.layer_names[0] for g in groups],
+                    layer_stride=0,
+                    block_stride=PAGE,
                 )
             ],
+            kv_cache_groups=groups,
         )
         vllm_config.cache_config.num_gpu_blocks = num_gpu_blocks
+        # Each worker builds the spec the scheduler's connector loads by module path.
+        spec_cls = getattr(
+            importlib.import_module(extra_config["spec_module_path"]), extra_config["spec_name"]
+        )
         ranks = []
         for rank in range(world_size):  # vLLM starts the workers before the scheduler
             cfg = copy.deepcopy(vllm_config)
             cfg.parallel_config.rank = rank
-            spec = KvtierOffloadingSpec(build_offloading_config(cfg, kv_cache_config))
+            spec = spec_cls(build_offloading_config(cfg, kv_cache_config))
             connector = OffloadingConnectorWorker(spec, cfg, kv_cache_config)
             kv = torch.zeros((num_gpu_blocks, PAGE), dtype=torch.uint8)
             connector._init_worker(  # what register_kv_caches ends with
                 CanonicalKVCaches(
                     tensors=[CanonicalKVCacheTensor(kv.view(torch.int8), PAGE)],
-                    group_data_refs=[[CanonicalKVCacheRef(0, PAGE)]],
+                    group_data_refs=[[CanonicalKVCacheRef(0, PAGE)] for _ in groups],
                 )
             )
             ranks.append(Rank(rank, connector, kv))
@@ -176,7 +209,7 @@ class Harness:
             log_stats=True,
         )
         init_none_hash(get_hash_fn_by_name("sha256"))
-        h = cls(scheduler, ranks, model_dir)
+        h = cls(scheduler, ranks, model_dir, windows)
         scheduler.kv_event_publisher.publish = lambda batch: h.events.extend(batch.events)
         return h
 
@@ -222,7 +255,7 @@ class Harness:
             r.connector.handle_preemptions(m)
             r.connector.start_kv_transfers(m)
             r.connector.worker.wait(set(m.load_jobs))  # loads land before the forward
-        sampled: dict[str, int] = {}
+        sampled: dict[str, int | None] = {}  # None: a prefill not finished this step
         manager = self.scheduler.kv_cache_manager
         for new in so.scheduled_new_reqs:
             self._forward(new.req_id, new.num_computed_tokens, manager, so, sampled)
@@ -241,7 +274,7 @@ class Harness:
                 ModelRunnerOutput(
                     req_ids=list(sampled),
                     req_id_to_index={k: i for i, k in enumerate(sampled)},
-                    sampled_token_ids=[[t] for t in sampled.values()],
+                    sampled_token_ids=[[] if t is None else [t] for t in sampled.values()],
                     kv_connector_output=KVConnectorOutput(
                         finished_recving=recving or None,
                         kv_connector_worker_meta=r.connector.build_connector_worker_meta(),
@@ -261,35 +294,52 @@ class Harness:
         self.steps += 1
 
     def _forward(
-        self, req_id: str, done: int, manager: Any, so: Any, sampled: dict[str, int]
+        self, req_id: str, done: int, manager: Any, so: Any, sampled: dict[str, int | None]
     ) -> None:
         """The model's step for one request: ``done`` tokens are in its blocks already."""
         req = self.scheduler.requests[req_id]
         n = so.num_scheduled_tokens[req_id]
         tokens = self.tokens[req_id]
-        block_ids = manager.get_block_ids(req_id)[0]
         digests = self._digest(req_id, min(done + n, len(tokens)))
         first = req_id not in self._verified
         self._verified.add(req_id)
-        for r in self.ranks:
-            if first and done:  # what the prefix cache and kvtier gave it, before any compute
-                pages = r.kv[torch.tensor(block_ids[: (done + BLOCK - 1) // BLOCK])]
-                rows = pages.reshape(-1, ROW)[:done].numpy()
-                want = np.stack([token_bytes(r.rank, d) for d in digests[:done]])
-                bad = np.flatnonzero((rows != want).any(axis=1))
-                if len(bad):
-                    p = int(bad[0])
-                    raise AssertionError(
-                        f"request {req_id} rank {r.rank}: token {p} (block "
-                        f"{block_ids[p // BLOCK]}) holds wrong KV bytes"
-                    )
-                self.checked_rows += done
-            for p, row in self._rows(r, block_ids, done, min(done + n, len(tokens))):
-                row.copy_(torch.from_numpy(token_bytes(r.rank, digests[p]).copy()))
+        for g, window in enumerate(self.windows):
+            block_ids = manager.get_block_ids(req_id)[g]
+            needed = 0 if window is None else max(0, done - (window - 1))
+            for r in self.ranks:
+                if first and done > needed:  # what the prefix cache and kvtier gave it
+                    self._check(req_id, r, g, block_ids, needed, done, digests)
+                for p, row in self._rows(r, block_ids, done, min(done + n, len(tokens))):
+                    row.copy_(torch.from_numpy(token_bytes(r.rank, g, digests[p]).copy()))
         if done + n >= req.num_prompt_tokens:
             token = 1 + int(hashlib.sha256(digests[-1]).digest()[0]) % 400
             sampled[req_id] = token
             self.tokens[req_id].append(token)
+        else:  # a chunk of the prompt: nothing sampled
+            sampled[req_id] = None
+
+    def _check(
+        self,
+        req_id: str,
+        r: Rank,
+        group: int,
+        block_ids: list[int],
+        start: int,
+        stop: int,
+        digests: list[bytes],
+    ) -> None:
+        """Rows ``start..stop`` of a request's group hold the oracle's bytes."""
+        for p, row in self._rows(r, block_ids, start, stop):
+            if block_ids[p // BLOCK] == 0:
+                raise AssertionError(
+                    f"request {req_id} group {group}: token {p} is in vLLM's null block"
+                )
+            if not np.array_equal(row.numpy(), token_bytes(r.rank, group, digests[p])):
+                raise AssertionError(
+                    f"request {req_id} rank {r.rank} group {group}: token {p} (block "
+                    f"{block_ids[p // BLOCK]}) holds wrong KV bytes"
+                )
+        self.checked_rows += stop - start
 
     def run(self) -> None:
         """Step until every request has finished (at most ``max_steps`` steps). Once
@@ -316,10 +366,10 @@ class Harness:
         self.scheduler.shutdown()
 
 
-def _empty(sampled: dict[str, int]) -> Any:
+def _empty(sampled: dict[str, int | None]) -> Any:
     return ModelRunnerOutput(
         req_ids=list(sampled),
         req_id_to_index={k: i for i, k in enumerate(sampled)},
-        sampled_token_ids=[[t] for t in sampled.values()],
+        sampled_token_ids=[[] if t is None else [t] for t in sampled.values()],
         kv_connector_output=KVConnectorOutput(),
     )

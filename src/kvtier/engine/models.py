@@ -2,7 +2,11 @@
 
 Runs in the engine process, on the model's device. Nothing is ever downloaded: the
 default model is a small ``LlamaForCausalLM`` built from a config with seeded random
-weights, and ``load_model(path)`` only reads a local checkpoint directory.
+weights, and ``load_model(path)`` only reads a local checkpoint directory. A
+``ModelSize`` with a ``sliding_window`` builds a hybrid instead: a Gemma 3-style model
+(``Gemma3ForCausalLM``, transformers >= 4.50) whose layers attend to the last
+``sliding_window`` tokens only, every ``full_every``-th one to the whole prefix.
+``save_model`` writes either as a checkpoint, for ``kvtier run --model``.
 
 The default weights are drawn by kvtier itself, parameter by parameter in name order
 from one seeded CPU generator, rather than by transformers' own initialisation (which
@@ -20,7 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+)
 
 from kvtier.engine.kv_pool import KVShape
 from kvtier.errors import ConfigError
@@ -30,12 +40,17 @@ from kvtier.weights import weights_digest
 
 @dataclass(frozen=True, slots=True)
 class ModelSize:
-    """The shape of a Llama model built from scratch.
+    """The shape of a model built from scratch: a Llama, or a sliding-window hybrid.
 
     The default is sized so that a 2,000-token prefill takes a few seconds on two CPU
     cores (about 4 s measured on the development machine; see ``docs/engine.md``).
     KV per token: ``2 * num_layers * num_kv_heads * head_dim`` elements (6 KiB in
     float32 for the default).
+
+    With ``sliding_window`` set, the model is Gemma 3-style: layer ``i`` attends to the
+    whole prefix when ``(i + 1) % full_every == 0`` and to the last ``sliding_window``
+    tokens otherwise (Gemma 3's own pattern is 5 sliding layers to 1 full). Every
+    layer's KV is kept, so offloading stores all of it, as for a Llama.
     """
 
     vocab_size: int = 16384
@@ -46,9 +61,18 @@ class ModelSize:
     num_kv_heads: int = 2
     max_position_embeddings: int = 8192
     init_std: float = 0.02
+    sliding_window: int | None = None
+    full_every: int = 6
 
-    def to_config(self) -> LlamaConfig:
-        """The transformers config of this size (no special tokens: greedy to max length)."""
+    def to_config(self) -> PretrainedConfig:
+        """The transformers config of this size (no special tokens: greedy to max length).
+
+        Raises:
+            ConfigError: a hybrid (``sliding_window``) with a transformers older than
+                4.50, which has no Gemma 3.
+        """
+        if self.sliding_window is not None:
+            return self._hybrid_config()
         return LlamaConfig(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -58,6 +82,41 @@ class ModelSize:
             num_key_value_heads=self.num_kv_heads,
             max_position_embeddings=self.max_position_embeddings,
             initializer_range=self.init_std,
+            tie_word_embeddings=False,
+            bos_token_id=None,
+            eos_token_id=None,
+            pad_token_id=None,
+        )
+
+    def _hybrid_config(self) -> PretrainedConfig:
+        try:
+            from transformers import Gemma3TextConfig
+        except ImportError as e:
+            raise ConfigError(
+                "sliding_window", f"a hybrid model needs transformers >= 4.50 (Gemma 3): {e}"
+            ) from e
+        if self.sliding_window is None or self.sliding_window < 1 or self.full_every < 1:
+            raise ConfigError(
+                "sliding_window",
+                f"needs a window of at least 1 token and full_every >= 1, got "
+                f"{self.sliding_window} and {self.full_every}",
+            )
+        layer_types = [
+            "full_attention" if (i + 1) % self.full_every == 0 else "sliding_attention"
+            for i in range(self.num_layers)
+        ]
+        return Gemma3TextConfig(
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.hidden_size // self.num_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            initializer_range=self.init_std,
+            sliding_window=self.sliding_window,
+            layer_types=layer_types,
             tie_word_embeddings=False,
             bos_token_id=None,
             eos_token_id=None,
@@ -95,7 +154,8 @@ def build_model(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
 ) -> PreTrainedModel:
-    """Build a Llama model with seeded random weights, in eval mode.
+    """Build a Llama (or, with ``size.sliding_window``, a hybrid) with seeded random
+    weights, in eval mode.
 
     Args:
         size: the model's shape.
@@ -105,7 +165,12 @@ def build_model(
     """
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
-    model = LlamaForCausalLM(size.to_config())
+    config = size.to_config()
+    model = (
+        LlamaForCausalLM(config)
+        if isinstance(config, LlamaConfig)
+        else AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
+    )
     gen = torch.Generator(device="cpu").manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -117,6 +182,14 @@ def build_model(
                 values = torch.randn(param.shape, generator=gen, dtype=torch.float32)
                 param.copy_(values * size.init_std)
     return place(model, dev, dt)
+
+
+def save_model(size: ModelSize, path: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Write the model ``build_model(size, seed)`` builds (on the CPU, float32) as a
+    local checkpoint directory, for ``load_model`` and ``kvtier run --model``."""
+    directory = Path(path)
+    build_model(size, seed=seed, device="cpu", dtype=torch.float32).save_pretrained(directory)
+    return directory
 
 
 def place(model: PreTrainedModel, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:

@@ -5,7 +5,10 @@ Blocks stored under vLLM are named by vLLM's own keys inside a directory (disk) 
 key prefix (Redis) derived from this fingerprint, so a block is only ever read by an
 engine of the same model -- name, KV dtype, a digest of its checkpoint's files
 (``checkpoint``) and the user's optional ``model_identity`` -- the same bytes per
-block, the same block size and the same parallel layout. Two routes store different
+block, the same block size, the same KV cache groups (``group_layout``: which layers
+each group holds and its tokens per block, so a model whose layers are grouped
+otherwise -- another window pattern, another number of layers per group -- never reads
+a group's blocks) and the same parallel layout. Two routes store different
 things and never share blocks: kvtier's spec stores each rank's own pages (the rank is
 part of its fingerprint), a secondary tier under vLLM's tiering stores whole chunk
 rows holding every rank's bytes.
@@ -16,6 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from kvtier.keys import ModelFingerprint, root_key
+
+
+def group_layout(config: Any) -> str:
+    """vLLM's KV cache groups as one string: for each group, its index, its tokens per
+    GPU block and its layers (``"0:32:model.layers.0.attn,model.layers.2.attn|1:..."``).
+    A group's kind (full, sliding window, chunked local, Mamba) follows from the model,
+    which the fingerprint names already."""
+    return "|".join(
+        f"{g.group_id}:{g.tokens_per_block}:{','.join(g.layer_names)}" for g in config.groups
+    )
 
 
 def storage_fingerprint(
@@ -31,7 +44,8 @@ def storage_fingerprint(
     """The digest naming this engine's blocks in disk and Redis.
 
     Args:
-        config: vLLM's offloading config (``model``, ``parallel``, ``cache``).
+        config: vLLM's offloading config (``model``, ``parallel``, ``cache``,
+            ``groups``).
         layout: what one stored value holds, with its size (``"vllm-pages/4096B"``).
         ranks: which ranks' bytes a value holds (``"rank0"``, ``"all-ranks"``).
         block_size: tokens per offloaded block.
@@ -53,6 +67,7 @@ def storage_fingerprint(
         extra=(
             ("engine", engine),
             ("tokens_per_hash", str(config.cache.tokens_per_hash)),
+            ("kv_groups", group_layout(config)),
             ("model_identity", identity),
         ),
     )

@@ -26,13 +26,21 @@ deliver it, so the next lookup answers ``MISS`` and vLLM recomputes. vLLM's load
 therefore only ever read READY CPU blocks, and no failure reaches its asserts.
 
 Whole requests: vLLM asks about one key at a time, but kvtier's policies learn from
-requests (``leader``, ``density``, ``adaptive``). The first lookup of a request shows
-the policies the whole request -- every key vLLM has for it, in prefix order, with the
-blocks its GPU cache served before the looked-up key -- as one ``lookup`` and one
-``touch``, exactly as ``kvtier simulate`` and the reference engine do; each store then
-touches the request again (key 0 ends up the most recent). Later lookups of the same
-request are answered from the tiers without asking the policies again. The request's
-keys come from vLLM's request context (``RequestKeys``).
+requests (``leader``, ``density``, ``adaptive``). The first lookup of a request's KV
+cache group shows the policies the group's whole request -- every key vLLM has for it
+in that group, in prefix order, with the blocks its GPU cache served -- as one
+``lookup`` and one ``touch``, exactly as ``kvtier simulate`` and the reference engine
+do; each store then touches the request again (key 0 ends up the most recent). Later
+lookups of the same request are answered from the tiers without asking the policies
+again. The request's keys come from vLLM's request context (``RequestKeys``).
+
+KV cache groups. A hybrid model's groups (full attention, sliding window, chunked
+local attention, Mamba state) are told apart by the group index at the end of every
+key, so one CPU tier holds them all, each group's blocks under its own keys. Which
+keys a hit needs is vLLM's connector's decision (a windowed group only the blocks of
+its window before the hit end); the manager answers for each key it is asked about.
+With Redis, a windowed group's blocks there are asked about all at once
+(``windows``): they are sparse, where the tiering's discovery expects a run.
 
 Threads: the manager's state is only touched by the thread that calls it. The mover's
 I/O threads never touch it (they report through the mover's queues, polled here). The
@@ -44,13 +52,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterable
 from typing import Any
 
 from kvtier.blocks import BlockHash, Medium
 from kvtier.integrations.vllm import compat
 from kvtier.integrations.vllm.metrics import (
+    LOADED_BLOCKS,
     LOOKUPS,
     PROMOTION_FAILURES,
     PROMOTIONS,
@@ -63,7 +72,8 @@ from kvtier.integrations.vllm.metrics import (
 )
 from kvtier.integrations.vllm.mover import RankMover
 from kvtier.integrations.vllm.region import STORE_FAILED, STORE_OK, HostRegion
-from kvtier.integrations.vllm.requests import RequestKeys
+from kvtier.integrations.vllm.requests import GROUP_SUFFIX, Request, RequestKeys, group_of
+from kvtier.integrations.vllm.windows import WindowChecks
 from kvtier.load_store_specs import BlockIdsSpec
 from kvtier.scheduler.manager import BlockState, TierManager
 from kvtier.scheduler.tiering import TieredManager, TierJob
@@ -76,6 +86,12 @@ _EVENT_SOURCE: dict[Medium, tuple[Any, Any, str | None]] = {
     Medium.REMOTE: (compat.Medium.STORAGE, compat.Locality.REMOTE, "kvtier-redis"),
 }
 """vLLM's (medium, locality, ownership) for each kvtier tier's events."""
+
+
+def _window_token(req_context: Any, key: BlockHash) -> tuple[str, bytes]:
+    """Names one request's windowed group for ``WindowChecks``."""
+    return (str(req_context.req_id), bytes(key)[-GROUP_SUFFIX:])
+
 
 REFUSED_CAP = 65536
 """Keys remembered as failed promotions (oldest forgotten first)."""
@@ -90,6 +106,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         region: the shared CPU memory (its status bytes report failed stores).
         mover: runs promotions and write-throughs, or ``None`` without slow tiers.
         on_shutdown: closes the stores and the region.
+        windows: asks Redis about windowed groups' blocks, or ``None`` without Redis.
     """
 
     def __init__(
@@ -99,11 +116,17 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         region: HostRegion,
         mover: RankMover | None = None,
         on_shutdown: Any = None,
+        windows: WindowChecks | None = None,
+        window_blocks: int = 0,
     ) -> None:
         self.cpu = cpu
+        # CPU blocks a request's windowed groups need beside its full-attention run
+        # (``spec.window_blocks``): the run is promoted only as far as leaves them room.
+        self.window_blocks = window_blocks
         self.tiered = tiered
         self.region = region
         self.mover = mover
+        self.windows = windows
         self._on_shutdown = on_shutdown
         self._lock = threading.Lock()
         self._kinds: dict[int, str] = {}  # mover job id -> "promote" | "write"
@@ -134,11 +157,11 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         if tiered.holder(k) is None:
             tiered.lookup_known([k])  # adopts what finished existence checks found
         if tiered.holder(k) is None:
-            if tiered.discovering([k]):  # Redis is being asked about the run from k
-                return self._count("retry", compat.LookupResult.RETRY)
+            if tiered.discovering([k]) or self._checking_window(k, req_context):
+                return self._count("retry", compat.LookupResult.RETRY)  # Redis is asked
             return self._count("miss", compat.LookupResult.MISS)
         request = self._keys.of(req_context, k)
-        if k in request.promoted or request.index(k) - request.first >= self.cpu.num_blocks:
+        if k in request.promoted or not self._promotable(request, k, req_context):
             # Promoted and gone again, or past what the CPU tier holds of one request:
             # a promotion now would evict the request's own blocks before vLLM loads
             # them. vLLM loads the run before this key and computes the rest.
@@ -152,19 +175,70 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
             self.metrics.add(TIER_HITS, len(job.block_hashes), (TIER_NAMES[job.src.medium],))
         return self._count("pending", compat.LookupResult.HIT_PENDING)
 
+    def _promotable(self, request: Request, key: BlockHash, req_context: Any) -> bool:
+        """Whether promoting ``key`` stays within what the CPU tier holds of its request.
+
+        A full-attention group's run, from where vLLM's own cache stopped, gets the
+        tier less the windows' room (``window_blocks``). vLLM looks a windowed group
+        up from the right of the whole prompt, whatever the full groups found: a
+        window past where their run can reach would be promoted for nothing and evict
+        the run, so it misses, and vLLM looks further left. A windowed group's own
+        lookups go leftwards from its first.
+        """
+        at = request.index(key)
+        if not request.windowed:
+            return at - request.first < self.cpu.num_blocks - self.window_blocks
+        reach = self._full_reach(req_context)
+        if reach is None:  # windowed groups only
+            return request.first_looked - at < self.cpu.num_blocks
+        end = request.ends[at]
+        return end is None or end <= reach
+
+    def _full_reach(self, req_context: Any) -> int | None:
+        """The token position up to which the request's full-attention groups can be
+        promoted (``None``: no full-attention group looked up, or no position known)."""
+        room = self.cpu.num_blocks - self.window_blocks
+        reach = None
+        for group in self._keys.groups(req_context):
+            if not group.admitted or group.windowed or not group.keys:
+                continue
+            end = group.ends[min(group.first + room, len(group.keys)) - 1]
+            if end is not None:
+                reach = end if reach is None else min(reach, end)
+        return reach
+
     def _admit(self, key: BlockHash, req_context: Any) -> None:
-        """At a request's first lookup: the policies see the whole request, the blocks
-        before ``key`` (served by vLLM's own cache) counted as reuses, as the reference
-        engine's admission does; a shared tier is asked about the rest."""
-        keys = self._keys.of(req_context, key)
-        if keys.admitted:
+        """At the first lookup of a request's KV cache group: the policies see the
+        group's whole request, the blocks vLLM's own cache served counted as reuses,
+        as the reference engine's admission does; a shared tier is asked about the
+        rest (``RequestKeys.admit``)."""
+        admission = self._keys.admit(req_context, key)
+        if admission is None:
             return
-        keys.admitted = True
-        first = keys.first = keys.index(key)
+        request, first = admission
+        request.first = first
         target = self.tiered or self.cpu
-        target.lookup(keys.keys, first)
-        target.touch(keys.keys)
-        target.count_seen(keys.keys[:first])
+        target.lookup(request.keys, first)
+        target.touch(request.keys)
+        target.count_seen(request.keys[:first])
+        if request.windowed and self.windows is not None:
+            keys = request.keys[first : request.first_looked + 1]
+            self.windows.ask(_window_token(req_context, key), keys)
+
+    def _checking_window(self, key: BlockHash, req_context: Any) -> bool:
+        """Whether Redis is being asked about ``key``'s windowed group (``windows``).
+
+        A group found windowed only now (vLLM's first lookup of the request was this
+        group's rightmost block: a model without a full-attention group) is asked
+        about from its first block: where vLLM's own cache stopped is not known.
+        """
+        if self.windows is None:
+            return False
+        request = self._keys.of(req_context, key)
+        token = _window_token(req_context, key)
+        if request.looked_up(key):
+            self.windows.ask(token, request.keys[: request.first_looked + 1])
+        return request.windowed and self.windows.asking(token)
 
     def _count(self, result_name: str, result: Any) -> Any:
         self.metrics.add(LOOKUPS, 1, (result_name,))
@@ -179,6 +253,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         spec = self.cpu.prepare_load(ks)
         self.metrics.add(TIER_HITS, len(ks), ("cpu",))
         assert isinstance(spec, BlockIdsSpec)
+        for group, n in Counter(group_of(k) for k in ks).items():
+            self.metrics.add(LOADED_BLOCKS, n, (str(group),))
         return compat.CPULoadStoreSpec([int(b) for b in spec.block_ids])
 
     def touch(self, keys: Collection[Any], req_context: Any) -> None:
@@ -196,8 +272,11 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         ks = [BlockHash(bytes(k)) for k in keys]
         target = self.tiered or self.cpu
         out = target.prepare_store(ks)
-        if ks:
-            target.touch(self._keys.of(req_context, ks[0]).keys)  # the request is the newest
+        first_of_group: dict[bytes, BlockHash] = {}
+        for k in ks:
+            first_of_group.setdefault(bytes(k)[-GROUP_SUFFIX:], k)
+        for k in first_of_group.values():  # each group's request is the newest
+            target.touch(self._keys.of(req_context, k).keys)
         if out is None:
             return None
         spec = out.store_spec
@@ -251,6 +330,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         return bool(
             (self.mover is not None and self.mover.in_flight)
             or (self.tiered is not None and self.tiered.has_pending_work)
+            or (self.windows is not None and self.windows.in_flight)
         )
 
     def take_events(self) -> Iterable[Any]:
@@ -289,6 +369,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         """Finish in-flight tier jobs, stop the threads, close the stores and the region."""
         if self.tiered is not None:
             self.tiered.shutdown()  # its existence checks
+        if self.windows is not None:
+            self.windows.shutdown()
         if self.mover is not None:
             self.mover.shutdown()
             self._poll()
@@ -298,6 +380,8 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
     # -- internals --------------------------------------------------------------------
 
     def _poll(self) -> None:
+        if self.windows is not None:
+            self.windows.adopt()
         if self.mover is None:
             return
         tiered = self.tiered

@@ -15,6 +15,9 @@ metric                                         labels     counts
                                                           cpu (loaded by vLLM),
                                                           disk / redis (a promotion
                                                           started)
+``vllm:kv_offload_kvtier_loaded_blocks``       group      blocks vLLM loads from the
+                                                          CPU tier, by KV cache
+                                                          group index
 ``vllm:kv_offload_kvtier_promotions``          tier       blocks promoted into CPU
 ``vllm:kv_offload_kvtier_promotion_failures``  tier,      blocks a promotion could
                                                reason     not deliver (recomputed)
@@ -39,6 +42,7 @@ from kvtier.integrations.vllm import compat
 
 LOOKUPS = "vllm:kv_offload_kvtier_lookups"
 TIER_HITS = "vllm:kv_offload_kvtier_tier_hits"
+LOADED_BLOCKS = "vllm:kv_offload_kvtier_loaded_blocks"
 PROMOTIONS = "vllm:kv_offload_kvtier_promotions"
 PROMOTION_FAILURES = "vllm:kv_offload_kvtier_promotion_failures"
 WRITE_FAILURES = "vllm:kv_offload_kvtier_write_failures"
@@ -55,6 +59,9 @@ def definitions() -> dict[str, Any]:
     return {
         LOOKUPS: counter("kvtier: vLLM's offload lookups, by answer", ("result",)),
         TIER_HITS: counter("kvtier: blocks found for vLLM, by the tier holding them", ("tier",)),
+        LOADED_BLOCKS: counter(
+            "kvtier: blocks vLLM loads from the CPU tier, by KV cache group", ("group",)
+        ),
         PROMOTIONS: counter("kvtier: blocks promoted into the CPU tier", ("tier",)),
         PROMOTION_FAILURES: counter(
             "kvtier: blocks a promotion could not deliver (recomputed)", ("tier", "reason")

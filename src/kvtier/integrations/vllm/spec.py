@@ -14,10 +14,19 @@ blocks_per_chunk`` bytes; the CPU tier holds ``cpu_bytes_to_use // (shard * worl
 blocks (every rank's shard of a block lives in the shared region). The disk budget is
 split evenly between the ranks' stores.
 
+KV cache groups: a hybrid model's groups (full attention, sliding window, chunked
+local attention, Mamba state) all draw their GPU blocks from one pool of pages of one
+size, so one CPU tier holds every group's blocks, each under vLLM's key for it (block
+hash + group index), and a slab row holds one page of any group. vLLM's connector
+decides which keys a hit needs, group by group (a windowed group only the blocks of its
+window before the hit end); kvtier answers for each key, and its worker copies each
+group's pages of a job in turn (``worker.plan_job``).
+
 Storage identity: each rank's shards are stored under a fingerprint of the model
 (name, KV dtype, a digest of its checkpoint's files -- ``checkpoint`` -- and the
-optional ``model_identity`` key), the page size, the block size and the parallel
-layout *with the rank and world size*, so a rank never reads another's shard, and
+optional ``model_identity`` key), the page size, the block size, the KV cache groups
+(each group's layers and block size) and the parallel layout *with the rank and world
+size*, so a rank never reads another's shard, and
 an engine of another layout or model never reads either. Keys inside are vLLM's own
 ``OffloadKey`` (block hash + group index); vLLM's default sha256 block hashes are the
 same in every process and engine (with a non-cryptographic
@@ -45,6 +54,33 @@ from kvtier.scheduler import TierManager
 logger = logging.getLogger(__name__)
 
 
+def describe_groups(config: Any) -> str:
+    """vLLM's KV cache groups in words (what the log says at start-up): each group's
+    index, layers, tokens per block and, where vLLM says (0.33), its window."""
+    parts = []
+    for g in config.groups:
+        kind = ""
+        if hasattr(g, "sliding_window_size_in_chunks"):  # vLLM 0.33
+            window = g.sliding_window_size_in_chunks
+            kind = (
+                ", full attention"
+                if window is None
+                else f", a window of {window} offloaded block(s)"
+            )
+        layers = list(g.layer_names)
+        shown = ", ".join(layers[:3]) + (f" and {len(layers) - 3} more" if len(layers) > 3 else "")
+        parts.append(f"group {g.group_id} ({shown}; {g.tokens_per_block} tokens a block{kind})")
+    return f"{len(parts)} KV cache group(s): " + "; ".join(parts)
+
+
+def window_blocks(config: Any) -> int:
+    """CPU blocks a request's windowed groups need beside its full-attention run: each
+    window and one block more (a window ending mid-block). vLLM 0.33 says each group's
+    window in offloaded blocks; 0.32 does not (0)."""
+    windows = [getattr(g, "sliding_window_size_in_chunks", None) for g in config.groups]
+    return sum(int(w) + 1 for w in windows if w is not None)
+
+
 class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
     """kvtier's CPU tier (with disk and Redis behind it) for vLLM. See the module doc.
 
@@ -62,14 +98,14 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        if len(config.groups) != 1:
-            raise ConfigError(
-                "kv_connector_extra_config",
-                f"the model has {len(config.groups)} KV cache groups; kvtier's vLLM spec "
-                "offloads models with one (full attention)",
-            )
+        if not config.groups:
+            raise ConfigError("kv_connector_extra_config", "vLLM offloads no KV cache group")
         self.blocks_per_chunk = int(config.cache.blocks_per_chunk)
-        self.block_size = int(config.groups[0].tokens_per_block) * self.blocks_per_chunk
+        # Tokens per offloaded block of the finest group (what kvtier's events report);
+        # each group's own is in the storage fingerprint (``identity.group_layout``).
+        self.block_size = min(int(g.tokens_per_block) for g in config.groups) * (
+            self.blocks_per_chunk
+        )
         self.settings = VllmSettings.from_extra_config(self.extra_config, self.block_size)
         self._weights: str | None = None  # the checkpoint digest, once needed
         cfg = self.settings.offloading
@@ -106,6 +142,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
     def _build_manager(self) -> KvtierManager:
         cfg = self.settings.offloading
+        logger.info("kvtier: offloading %s", describe_groups(self.config))
         region = HostRegion.open(self.region_path, self.layout)
         events = cfg.enable_events and self.kv_events_config.enable_kv_cache_events
         cpu = tiers.cpu_tier(
@@ -130,13 +167,13 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
                     enable_events=events,
                 )
             )
+        redis: TierManager | None = None
         if cfg.remote_url is not None:
             remotes = [
                 tiers.open_remote(cfg, self._fingerprint(rank)) for rank in range(self.world_size)
             ]
-            secondaries.append(
-                tiers.remote_tier(cfg, block_size=self.block_size, enable_events=events)
-            )
+            redis = tiers.remote_tier(cfg, block_size=self.block_size, enable_events=events)
+            secondaries.append(redis)
 
         def close() -> None:
             for store in [*disks, *remotes]:
@@ -147,6 +184,7 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         if not secondaries:
             return KvtierManager(cpu, None, region, on_shutdown=close)
         from kvtier.integrations.vllm.mover import EveryRank, RankMover
+        from kvtier.integrations.vllm.windows import WindowChecks
 
         mover = RankMover(
             [region.slab(r) for r in range(self.world_size)],
@@ -159,7 +197,16 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
         # block is there for this engine when every rank's shard is.
         shared = {Medium.REMOTE: EveryRank(remotes)} if remotes else None
         tiered = tiers.tiering(cfg, cpu, secondaries, shared)
-        return KvtierManager(cpu, tiered, region, mover, on_shutdown=close)
+        windows = WindowChecks(EveryRank(remotes), redis) if redis is not None else None
+        return KvtierManager(
+            cpu,
+            tiered,
+            region,
+            mover,
+            on_shutdown=close,
+            windows=windows,
+            window_blocks=window_blocks(self.config),
+        )
 
     def _fingerprint(self, rank: int) -> bytes:
         """Rank ``rank``'s storage fingerprint (the checkpoint digested once)."""
@@ -179,16 +226,33 @@ class KvtierOffloadingSpec(compat.OffloadingSpec):  # type: ignore[misc]
 
     def get_worker(self, kv_caches: Any) -> Any:
         """This rank's worker (built once): see ``KvtierWorker``. Runs on vLLM's CPU
-        platform (host tensors) as on CUDA."""
+        platform (host tensors) as on CUDA.
+
+        Raises:
+            ConfigError: (key ``kv_caches``) tensors kvtier cannot copy; for a model of
+                several KV cache groups the message names them and vLLM's workaround.
+        """
         if self._worker is None:
             from kvtier.integrations.vllm.worker import KvtierWorker
 
             region = HostRegion.open(self.region_path, self.layout)
             self._worker_region = region
-            self._worker = KvtierWorker(
-                kv_caches,
-                region.slab(self.rank),
-                region.status()[self.rank],
-                self.blocks_per_chunk,
-            )
+            try:
+                self._worker = KvtierWorker(
+                    kv_caches,
+                    region.slab(self.rank),
+                    region.status()[self.rank],
+                    self.blocks_per_chunk,
+                )
+            except ConfigError as e:
+                if len(self.config.groups) == 1:
+                    raise
+                reason = str(e).removeprefix(f"config key {e.key!r}: ")
+                raise ConfigError(
+                    e.key,
+                    f"{reason} -- the model has {describe_groups(self.config)}; vLLM's "
+                    "--disable-hybrid-kv-cache-manager folds sliding-window layers into "
+                    "one full-attention group (every layer then keeps every block: more "
+                    "GPU memory)",
+                ) from e
         return self._worker

@@ -9,6 +9,12 @@ platform (host tensors standing in for GPU memory) on a thread per direction.
 Offloaded block ``c`` is ``f`` consecutive page rows of the slab
 (``f = blocks_per_chunk``), as in kvtier's own worker.
 
+KV cache groups: vLLM's hybrid allocator gives every group its GPU blocks from one
+pool, and GPU block ``b`` is row ``b`` of every canonical tensor whichever group holds
+it (the groups' layers share the tensors; a Mamba group's state is padded to the same
+page). A page row of the slab therefore holds one page of any group, and a job is its
+groups' pages one group after another (``plan_job``).
+
 Loads and stores run on separate lanes, and expedited loads (vLLM 0.33 waits for them
 within the step) on a third, so they never queue behind regular loads.
 
@@ -23,7 +29,7 @@ trusted, so it is reported failed, and vLLM stops rather than compute from them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +49,8 @@ logger = logging.getLogger(__name__)
 
 def plan_job(
     gpu_block_ids: np.ndarray,
-    block_index: int,
+    group_sizes: Sequence[int],
+    block_indices: Sequence[int],
     cpu_block_ids: np.ndarray,
     *,
     factor: int,
@@ -53,22 +60,49 @@ def plan_job(
 ) -> RowPlan:
     """Rows of one vLLM job: GPU block ``i`` <-> host page row ``rows[i]``.
 
-    vLLM's rule: the first offloaded block may be entered ``block_index % factor``
-    pages in, and the last one may be left before its end.
+    vLLM's rule, for each KV cache group in turn: the group's GPU blocks come next in
+    ``gpu_block_ids`` (``group_sizes[g]`` of them), its offloaded blocks next in
+    ``cpu_block_ids`` (as many as those GPU blocks need), and its first offloaded block
+    may be entered ``block_indices[g] % factor`` pages in (a load that starts
+    mid-request, as a sliding window's does), its last one left before its end::
+
+        factor 2, group_sizes [3, 2], block_indices [0, 5], cpu ids [4, 9, 7, 3]
+
+        group 0: GPU blocks g0 g1 g2 -> host rows  8  9 | 18    (offloaded blocks 4, 9)
+        group 1: GPU blocks g3 g4    -> host rows 15 |  6       (blocks 7, 3, entered
+                                                                 5 % 2 = 1 page in)
+
+    A group with no GPU blocks takes no offloaded block.
 
     Raises:
         ProtocolError: counts or ids that do not fit.
     """
     gpu_rows = np.asarray(gpu_block_ids, dtype=np.int64).reshape(-1)
     cpu_ids = np.asarray(cpu_block_ids, dtype=np.int64).reshape(-1)
-    skip = block_index % factor if len(cpu_ids) else 0
-    sub = expand_block_ids(cpu_ids, factor, skip)
-    if not len(sub) - factor < len(gpu_rows) <= len(sub):
+    if len(group_sizes) != len(block_indices) or sum(group_sizes) != len(gpu_rows):
         raise ProtocolError(
-            f"{len(gpu_rows)} GPU blocks do not fill {len(cpu_ids)} offloaded blocks "
-            f"of {factor} pages entered {skip} pages in"
+            f"group sizes {list(group_sizes)} and block indices {list(block_indices)} "
+            f"do not describe {len(gpu_rows)} GPU blocks"
         )
-    cpu_rows = sub[: len(gpu_rows)]
+    parts: list[np.ndarray] = []
+    taken = 0
+    for size, index in zip(group_sizes, block_indices, strict=True):
+        if size == 0:
+            continue
+        skip = index % factor
+        count = -(-(size + skip) // factor)  # offloaded blocks the group's pages span
+        ids = cpu_ids[taken : taken + count]
+        if len(ids) < count:
+            break
+        parts.append(expand_block_ids(ids, factor, skip)[:size])
+        taken += count
+    if taken != len(cpu_ids) or sum(map(len, parts)) != len(gpu_rows):
+        raise ProtocolError(
+            f"{len(gpu_rows)} GPU blocks in groups of {list(group_sizes)} entered "
+            f"{[i % factor for i in block_indices]} pages in do not fill "
+            f"{len(cpu_ids)} offloaded blocks of {factor} pages"
+        )
+    cpu_rows = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
     for name, ids, limit in (("GPU", gpu_rows, num_gpu_blocks), ("CPU", cpu_ids, num_cpu_blocks)):
         if len(ids) and (ids.min() < 0 or ids.max() >= limit):
             raise ProtocolError(f"{name} block id out of range 0..{limit - 1}: {ids.tolist()}")
@@ -167,13 +201,12 @@ class KvtierWorker(compat.OffloadingWorker):  # type: ignore[misc]
         self, lane: str, job_id: int, gpu_spec: Any, cpu_ids: np.ndarray, gpu_is_dst: bool
     ) -> None:
         try:
-            sizes = list(getattr(gpu_spec, "group_sizes", None) or [len(gpu_spec.block_ids)])
-            indices = list(getattr(gpu_spec, "block_indices", None) or [0])
-            if len(sizes) != 1:
-                raise ProtocolError(f"{len(sizes)} KV cache groups; kvtier handles one")
+            sizes = [int(n) for n in gpu_spec.group_sizes]
+            indices = [int(i) for i in gpu_spec.block_indices]
             plan = plan_job(
                 np.asarray(gpu_spec.block_ids),
-                int(indices[0]),
+                sizes,
+                indices,
                 cpu_ids,
                 factor=self._factor,
                 num_gpu_blocks=self._num_gpu_blocks,
