@@ -104,3 +104,18 @@ def test_a_full_disk_is_a_real_enospc_and_comes_back(tmp_path: Path) -> None:
     finally:
         area.close()
     assert not area.mounted
+
+
+def test_a_hybrid_model_soaks_with_every_token_right(tmp_path: Path) -> None:
+    """A Gemma 3-style hybrid (a 16-token window: one block) under the same faults."""
+    require_redis()
+    out = tmp_path / "soak.json"
+    argv = ["soak", "--duration", "6", "--fault-interval", "0.4", "--sliding-window", "16"]
+    assert main([*argv, "--json", str(out), "--workdir", str(tmp_path)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["sliding_window"] == 16
+    r = doc["results"]
+    assert r["wrong_tokens"] == 0 and r["engine_crashes"] == 0
+    assert r["corrupt_blocks_on_restart"] == 0 and r["corrupt_blocks_at_end"] == 0
+    assert r["tokens_compared"] == 8 * r["requests_served"] > 0
+    assert r["loaded_blocks"] > 0  # windows came back from the tiers

@@ -39,6 +39,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the engine under test: kvtier's reference engine (two processes), or a real "
         "vLLM OpenAI server with kvtier's spec (needs vLLM installed here)",
     )
+    parser.add_argument(
+        "--sliding-window",
+        type=int,
+        default=None,
+        metavar="TOKENS",
+        help="soak a Gemma 3-style hybrid of the soak's model instead (every other layer "
+        "attends to the last TOKENS tokens; the reference engine only)",
+    )
     add_json_option(parser, "soak")
     parser.add_argument(
         "--workdir", type=Path, default=None, help="scratch directory (default: a temporary one)"
@@ -60,6 +68,10 @@ def main(args: argparse.Namespace) -> int:
     ):
         if not value > 0:
             raise ConfigError(key, f"must be positive, got {value}")
+    if args.sliding_window is not None and not args.sliding_window > 0:
+        raise ConfigError("--sliding-window", f"must be positive, got {args.sliding_window}")
+    if args.sliding_window is not None and args.engine != "reference":
+        raise ConfigError("--sliding-window", "the reference engine only: --engine reference")
     if args.engine == "vllm":
         import importlib.util
 
@@ -86,6 +98,7 @@ def main(args: argparse.Namespace) -> int:
         "seeds": args.seeds,
         "fault_interval_s": args.fault_interval,
         "engine": args.engine,
+        "sliding_window": args.sliding_window,
     }
     results: dict[str, Any] = per_seed[0] if args.seeds == 1 else totals(per_seed)
     print(json.dumps(results, indent=2))
@@ -119,13 +132,14 @@ def _soak(args: argparse.Namespace, seed: int, workdir: Path) -> dict[str, Any]:
             "engine_restarts": figures["server_restarts"],
             "corrupt_blocks_on_restart": 0,
         }
-    from kvtier.soak.runner import Soak, SoakOptions
+    from kvtier.soak.runner import SOAK_MODEL, Soak, SoakOptions, hybrid
 
     options = SoakOptions(
         duration_s=args.duration,
         max_requests=args.max_requests,
         seed=seed,
         fault_interval_s=args.fault_interval,
+        model=SOAK_MODEL if args.sliding_window is None else hybrid(args.sliding_window),
     )
     return Soak(options, workdir).run()
 

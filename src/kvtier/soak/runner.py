@@ -15,7 +15,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -52,6 +52,7 @@ class SoakOptions:
         seed: seeds the workload and the faults.
         fault_interval_s: mean seconds between faults (exponentially distributed).
         request_timeout_s: an engine that answers nothing for this long has crashed.
+        model: the engines' model (``SOAK_MODEL``, or a hybrid of it: ``hybrid``).
     """
 
     duration_s: float = 180.0
@@ -59,6 +60,7 @@ class SoakOptions:
     seed: int = 0
     fault_interval_s: float = 4.0
     request_timeout_s: float = 120.0
+    model: ModelSize = SOAK_MODEL
 
 
 def tail_lines(text: str, limit: int = 500) -> str:
@@ -71,10 +73,18 @@ def tail_lines(text: str, limit: int = 500) -> str:
     return " | ".join(line.strip() for line in kept)
 
 
-def engine_config(name: str, disk: DiskArea, redis_url: str, seed: int) -> dict[str, Any]:
+def hybrid(sliding_window: int) -> ModelSize:
+    """``SOAK_MODEL`` as a Gemma 3-style hybrid: every other layer attends to the last
+    ``sliding_window`` tokens only."""
+    return replace(SOAK_MODEL, sliding_window=sliding_window, full_every=2)
+
+
+def engine_config(
+    name: str, disk: DiskArea, redis_url: str, seed: int, model: ModelSize = SOAK_MODEL
+) -> dict[str, Any]:
     """An engine's configuration: CPU (16 blocks), disk (16 MiB) and the shared Redis."""
     return {
-        "model_size": asdict(SOAK_MODEL),
+        "model_size": asdict(model),
         "seed": seed,
         "num_gpu_blocks": 48,
         "block_size": PAGE,
@@ -125,15 +135,16 @@ class Soak:
         disk = DiskArea(self.workdir / "disk", DISK_AREA_BYTES)
         self._say(f"soak: disk area: {disk.mode}; redis-server on port {redis.port}")
         engines = {
-            n: EngineProcess(n, engine_config(n, disk, redis.url, 0), self.workdir) for n in "ab"
+            n: EngineProcess(n, engine_config(n, disk, redis.url, 0, self.opt.model), self.workdir)
+            for n in "ab"
         }
         injector = Injector(redis, disk, tuple(engines), random.Random(self.opt.seed + 1))
         try:
             redis.start()
             reference = LLM(
-                model=build_model(SOAK_MODEL, seed=0, device="cpu"), num_gpu_blocks=2048
+                model=build_model(self.opt.model, seed=0, device="cpu"), num_gpu_blocks=2048
             )
-            workload = Conversations(reference, SOAK_MODEL.vocab_size, self.opt.seed)
+            workload = Conversations(reference, self.opt.model.vocab_size, self.opt.seed)
             for e in engines.values():
                 e.start(self.opt.request_timeout_s)
             self._loop(engines, injector, workload)
