@@ -31,7 +31,8 @@ stamp=$venv/.kvtier-mutate
 want=$(sha256sum scripts/mutate.sh | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$py" -m pip install -q "mutmut==3.8.1" "pytest==9.2.0" "pytest-timeout==2.4.0" \
-    "hypothesis==6.170.15" "numpy>=1.24" "matplotlib>=3.7" "torch==2.13.0"
+    "hypothesis==6.170.15" "numpy>=1.24" "matplotlib>=3.7" "torch==2.13.0" \
+    "xxhash==4.1.0" "cryptography==50.0.2"
   echo "$want" > "$stamp"
 fi
 if "$py" -c "import kvtier" 2>/dev/null; then

@@ -1,5 +1,5 @@
 """Discovery: its bounds and defaults, its one background thread, a store that raises,
-and waits that end (written for the survivors of mutation testing, issue 19)."""
+and waits that end (written for the survivors of mutation testing)."""
 
 from __future__ import annotations
 
@@ -140,6 +140,27 @@ def test_a_store_that_raises_gives_no_answer_and_no_error(
     else:
         assert logged == ["shared-store existence check raised"]
     assert d.in_flight == 0
+    d.shutdown()
+
+
+@pytest.mark.parametrize("error", [TransferError("down"), RuntimeError("a bug")])
+def test_a_check_that_raised_is_not_an_answer_the_store_stays_failing(error: Exception) -> None:
+    """A store with an outage is failing until a check asked after it is answered; a
+    check that raised, asked after the same outage, answers nothing."""
+    store = Gate(held=keys(1), raises=error)
+    store.outages = 1
+    store.release.set()
+    d = Discovery(store)
+    assert d.failing
+    d.ask(keys(1))
+    d.wait()
+    assert d.answers() == []
+    assert d.failing  # still: no check was answered since the outage
+    store.raises = None
+    d.ask(keys(1))
+    d.wait()
+    assert d.answers() == [Found(tuple(keys(1)), 1)]
+    assert not d.failing
     d.shutdown()
 
 
