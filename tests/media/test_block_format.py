@@ -132,3 +132,14 @@ def test_key_fingerprint_and_length_mismatch() -> None:
     assert reason(header, fp=b"\x00" * 32) == Corruption.FINGERPRINT_MISMATCH
     assert reason(header, PAYLOAD[:-1]) == Corruption.LENGTH_MISMATCH
     assert reason(header, PAYLOAD + b"\0") == Corruption.LENGTH_MISMATCH
+
+
+def test_stored_version_reads_the_version_field_and_nothing_else() -> None:
+    header = bf.encode_header(b"k", b"f", b"payload")
+    assert bf.stored_version(header) == 2
+    assert bf.stored_version(bytearray(header[:6])) == 2  # magic and version suffice
+    assert bf.stored_version(b"KVTB" + (3).to_bytes(2, "little")) == 3
+    assert bf.stored_version(b"KVTB" + (0x0102).to_bytes(2, "little")) == 0x0102  # little-endian
+    assert bf.stored_version(header[:5]) is None  # too short for the field
+    assert bf.stored_version(b"KVTX" + header[4:]) is None  # another magic
+    assert bf.stored_version(b"") is None
