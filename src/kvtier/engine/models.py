@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -73,20 +74,24 @@ class ModelSize:
         """
         if self.sliding_window is not None:
             return self._hybrid_config()
-        return LlamaConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
-            max_position_embeddings=self.max_position_embeddings,
-            initializer_range=self.init_std,
-            tie_word_embeddings=False,
-            bos_token_id=None,
-            eos_token_id=None,
-            pad_token_id=None,
-        )
+        return LlamaConfig(**self._shared_settings())
+
+    def _shared_settings(self) -> dict[str, Any]:
+        """What the Llama and the hybrid are given alike."""
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "max_position_embeddings": self.max_position_embeddings,
+            "initializer_range": self.init_std,
+            "tie_word_embeddings": False,
+            "bos_token_id": None,
+            "eos_token_id": None,
+            "pad_token_id": None,
+        }
 
     def _hybrid_config(self) -> PretrainedConfig:
         try:
@@ -106,21 +111,10 @@ class ModelSize:
             for i in range(self.num_layers)
         ]
         return Gemma3TextConfig(
-            vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads,
+            **self._shared_settings(),
             head_dim=self.hidden_size // self.num_heads,
-            max_position_embeddings=self.max_position_embeddings,
-            initializer_range=self.init_std,
             sliding_window=self.sliding_window,
             layer_types=layer_types,
-            tie_word_embeddings=False,
-            bos_token_id=None,
-            eos_token_id=None,
-            pad_token_id=None,
         )
 
 
