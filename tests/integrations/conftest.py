@@ -14,6 +14,9 @@ from __future__ import annotations
 import importlib.util
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
+from pathlib import Path
+
+import pytest
 
 
 def _vllm_version() -> tuple[int, int] | None:
@@ -48,3 +51,17 @@ if _VERSION is None or _VERSION < (0, 33):
         "test_vllm_scheduler_groups.py",
         "test_vllm_secondary_tiers.py",
     ]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small seeded Llama checkpoint (``vllm_engine.build_model``), for the tests of
+    vLLM 0.33's scheduler, one per module."""
+    from tests.integrations.vllm_support import require_vllm_at_least
+
+    require_vllm_at_least("0.33")
+    from tests.integrations.vllm_engine import build_model
+
+    path = tmp_path_factory.mktemp("model")
+    build_model(path)
+    return path

@@ -21,21 +21,10 @@ from kvtier.integrations.vllm.metrics import (
     PROMOTIONS,
     TIER_HITS,
 )
-from tests.integrations.vllm_support import require_vllm_at_least
 
 pytestmark = pytest.mark.slow
 
 DOC_BLOCKS = 5
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_vllm_at_least("0.33")
-    from tests.integrations.vllm_engine import build_model
-
-    path = tmp_path_factory.mktemp("model")
-    build_model(path)
-    return path
 
 
 @pytest.fixture

@@ -18,22 +18,11 @@ from typing import Any
 import pytest
 
 from kvtier.integrations.vllm.metrics import LOADED_BLOCKS, LOOKUPS
-from tests.integrations.vllm_support import require_vllm_at_least
 
 pytestmark = pytest.mark.slow
 
 WINDOW = 64
 DOC_BLOCKS = 5
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_vllm_at_least("0.33")
-    from tests.integrations.vllm_engine import build_model
-
-    path = tmp_path_factory.mktemp("model")
-    build_model(path)
-    return path
 
 
 @pytest.fixture

@@ -20,20 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.integrations.vllm_support import require_vllm_at_least
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    require_vllm_at_least("0.33")
-    from tests.integrations.vllm_engine import build_model
-
-    path = tmp_path_factory.mktemp("model")
-    build_model(path)
-    return path
 
 
 @pytest.fixture
