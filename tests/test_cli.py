@@ -38,7 +38,11 @@ def _cuda_available() -> bool:
 Case = tuple[str, Callable[[Path], list[str]], str]
 CASES: list[Case] = [
     ("disk-dir-missing", lambda t: ["bench", "disk", "--dir", str(t / "nope")], "does not exist"),
-    ("soak-window-0", lambda t: ["soak", "--sliding-window", "0"], "'--sliding-window': must be positive"),
+    (
+        "soak-window-0",
+        lambda t: ["soak", "--sliding-window", "0"],
+        "'--sliding-window': must be positive",
+    ),
     (
         "soak-window-vllm",
         lambda t: ["soak", "--engine", "vllm", "--sliding-window", "16"],
