@@ -218,6 +218,11 @@ class RemoteStore:
             link.close()
         if cluster is not None:
             cluster.close()
+            # redis-py's close leaves the nodes' pools connected (each node's client
+            # does not own its pool): their sockets would stay open until collected.
+            for node in cluster.get_nodes():
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
 
     # -- keys ------------------------------------------------------------------------
 
