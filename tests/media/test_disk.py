@@ -45,13 +45,6 @@ def payload(i: int, n: int = BLOCK, aligned: bool = True) -> np.ndarray:
     return out
 
 
-@pytest.fixture(params=[True, False], ids=["direct", "buffered"])
-def direct(request: pytest.FixtureRequest, tmp_path: Path) -> bool:
-    if request.param and not direct_io.supports_direct_io(tmp_path):
-        pytest.skip("the test file system does not support O_DIRECT")
-    return bool(request.param)
-
-
 @pytest.fixture
 def store(tmp_path: Path, direct: bool) -> Iterator[DiskStore]:
     s = DiskStore.open(tmp_path / "cache", FP, 16 * MiB, direct_io=direct)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,15 +22,6 @@ def key(i: int) -> bytes:
 
 def data(i: int) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8)
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    c = RedisCluster(Path(tmp_path_factory.mktemp("cluster")))
-    try:
-        yield c.start()
-    finally:
-        c.stop()
 
 
 @pytest.fixture

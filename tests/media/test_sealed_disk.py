@@ -15,7 +15,6 @@ import pytest
 from kvtier.errors import IntegrityError
 from kvtier.key_file import EncryptionKey
 from kvtier.keys import BlockHasher, ModelFingerprint
-from kvtier.media import direct_io
 from kvtier.media.direct_io import aligned_empty
 from kvtier.media.disk import DiskStore
 from kvtier.media.disk_layout import HEADER_REGION, block_file_size, fingerprint_dir
@@ -34,13 +33,6 @@ def payload(i: int) -> np.ndarray:
     out = aligned_empty(BLOCK)
     out[:] = np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8)
     return out
-
-
-@pytest.fixture(params=[True, False], ids=["direct", "buffered"])
-def direct(request: pytest.FixtureRequest, tmp_path: Path) -> bool:
-    if request.param and not direct_io.supports_direct_io(tmp_path):
-        pytest.skip("the test file system does not support O_DIRECT")
-    return bool(request.param)
 
 
 def open_store(path: Path, keys: tuple[EncryptionKey, ...], *, fp: bytes = FP,

@@ -199,15 +199,6 @@ def test_rotation_the_new_key_seals_the_old_one_still_opens(
     retired.close()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    c = RedisCluster(Path(tmp_path_factory.mktemp("cluster")))
-    try:
-        yield c.start()
-    finally:
-        c.stop()
-
-
 def test_a_cluster_holds_no_plaintext_and_refuses_other_keys_values(cluster: RedisCluster) -> None:
     options = {"url": cluster.url, "cluster": True}
     store = open_store(options, (NEW,))
