@@ -123,6 +123,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         # CPU blocks a request's windowed groups need beside its full-attention run
         # (``spec.window_blocks``): the run is promoted only as far as leaves them room.
         self.window_blocks = window_blocks
+        self._run_blocks = cpu.num_blocks - window_blocks
         self.tiered = tiered
         self.region = region
         self.mover = mover
@@ -187,7 +188,7 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
         """
         at = request.index(key)
         if not request.windowed:
-            return at - request.first < self.cpu.num_blocks - self.window_blocks
+            return at - request.first < self._run_blocks
         reach = self._full_reach(req_context)
         if reach is None:  # windowed groups only
             return request.first_looked - at < self.cpu.num_blocks
@@ -197,12 +198,11 @@ class KvtierManager(compat.OffloadingManager):  # type: ignore[misc]
     def _full_reach(self, req_context: Any) -> int | None:
         """The token position up to which the request's full-attention groups can be
         promoted (``None``: no full-attention group looked up, or no position known)."""
-        room = self.cpu.num_blocks - self.window_blocks
         reach = None
         for group in self._keys.groups(req_context):
             if not group.admitted or group.windowed or not group.keys:
                 continue
-            end = group.ends[min(group.first + room, len(group.keys)) - 1]
+            end = group.ends[min(group.first + self._run_blocks, len(group.keys)) - 1]
             if end is not None:
                 reach = end if reach is None else min(reach, end)
         return reach
