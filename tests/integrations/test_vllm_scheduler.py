@@ -171,16 +171,13 @@ def test_a_request_larger_than_the_cpu_tier_loads_what_the_tier_holds(
     are promoted and loaded, the rest computed. Promoting further would evict the
     request's own blocks before vLLM loads them, round after round while it waits (a
     promotion storm, no block ever loaded); the bytes stay right."""
-    from tests.integrations.vllm_harness import PAGE
+    from tests.integrations.vllm_harness import PAGE, conversation, write_turn_by_turn
 
     disk = {"disk_path": str(tmp_path / "disk"), "disk_bytes_to_use": "16MiB"}
     cpu = {"cpu_bytes_to_use": 6 * 2 * 16384}
-    rng = random.Random(3)
-    chat = [rng.randrange(1, 500) for _ in range(16 * 32)]
+    chat = conversation(16)
     writer = harness_factory({**cpu, **disk}, num_gpu_blocks=24)
-    for turn in range(8):  # each turn stores its 2 new blocks, which fit the CPU tier
-        writer.add(f"t{turn}", [*chat[: (turn + 1) * 64], 7], max_tokens=2)
-        writer.run()
+    write_turn_by_turn(writer, chat)  # 2 new blocks a turn, which fit the CPU tier
     assert len(writer.manager.tiered.secondaries[0]) == 16  # the whole chat on disk
     writer.shutdown()
     h = harness_factory({**cpu, **disk}, num_gpu_blocks=24)

@@ -134,14 +134,13 @@ def test_a_conversation_larger_than_the_cpu_tier_loads_what_the_tier_holds(
     at the prompt's end, where vLLM looks first -- so vLLM loads 5 + 2 blocks, right
     byte for byte. Without the room, or with the window promoted at the prompt's end,
     the window's promotions evict the run before vLLM loads it: nothing is loaded."""
+    from tests.integrations.vllm_harness import conversation, write_turn_by_turn
+
     disk = {"disk_path": str(tmp_path / "disk"), "disk_bytes_to_use": "16MiB"}
     cpu = {"cpu_bytes_to_use": 8 * 2 * 16384}
-    rng = random.Random(3)
-    chat = [rng.randrange(1, 500) for _ in range(16 * 32)]
+    chat = conversation(16)
     writer = hybrid({**cpu, **disk}, num_gpu_blocks=48)
-    for turn in range(8):
-        writer.add(f"t{turn}", [*chat[: (turn + 1) * 64], 7], max_tokens=2)
-        writer.run()
+    write_turn_by_turn(writer, chat)
     assert len(writer.manager.tiered.secondaries[0]) == 32  # both groups of the chat
     writer.shutdown()
     h = hybrid({**cpu, **disk}, num_gpu_blocks=48)

@@ -27,6 +27,7 @@ import copy
 import hashlib
 import importlib
 import os
+import random
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -364,6 +365,23 @@ class Harness:
         for r in self.ranks:
             r.connector.shutdown()
         self.scheduler.shutdown()
+
+
+def conversation(blocks: int, seed: int = 3) -> list[int]:
+    """``blocks`` blocks of seeded tokens: a conversation's history."""
+    rng = random.Random(seed)
+    return [rng.randrange(1, 500) for _ in range(blocks * BLOCK)]
+
+
+def write_turn_by_turn(h: Harness, chat: list[int], turn_blocks: int = 2) -> None:
+    """Send ``chat`` as a conversation, ``turn_blocks`` more of it each turn (plus one
+    token of the turn's own), each turn run to its end: every turn stores only its new
+    blocks, so a CPU tier smaller than the whole ``chat`` still writes all of it
+    through to the tiers behind."""
+    step = turn_blocks * BLOCK
+    for turn in range(len(chat) // step):
+        h.add(f"t{turn}", [*chat[: (turn + 1) * step], 7], max_tokens=2)
+        h.run()
 
 
 def _empty(sampled: dict[str, int | None]) -> Any:
